@@ -1,0 +1,154 @@
+"""The typed error hierarchy.
+
+Every error the product raises on purpose is a :class:`KafkaLogError`. Each subclass carries the
+Kafka protocol error code (``error_code``) and name (``error_name``) of the nearest Kafka error, so
+code that already speaks Kafka (retry policies, per-partition result tables, the KIP-107 response)
+can map ours one to one. Where a Python built-in category also fits, the class inherits it too
+(``ValueError`` for bad input, ``FileExistsError`` for a lost create race), so generic handlers work.
+"""
+from __future__ import annotations
+
+
+class KafkaLogError(Exception):
+    """Base of every error this package raises deliberately."""
+
+    error_code = -1
+    error_name = "UNKNOWN_SERVER_ERROR"
+    retriable = False
+
+
+# -- data on storage ----------------------------------------------------------------------------
+
+class CorruptRecordError(KafkaLogError):
+    """Bytes on storage or in a buffer fail their CRC, size or structure checks."""
+
+    error_code = 2
+    error_name = "CORRUPT_MESSAGE"
+
+    def __init__(self, message: str, position: int | None = None):
+        super().__init__(message)
+        #: byte position (in the buffer or segment being read) of the bad batch, when known
+        self.position = position
+
+
+class CorruptIndexError(CorruptRecordError):
+    """An ``.index``/``.timeindex``/``.txnindex`` file is malformed or disagrees with its log.
+
+    Indexes are derived data: the fix is always to rebuild them from the log (``kafkalog recover``).
+    """
+
+
+class InvalidRecordError(KafkaLogError, ValueError):
+    """A record or batch handed to us to write is not valid (e.g. offsets out of order)."""
+
+    error_code = 87
+    error_name = "INVALID_RECORD"
+
+
+class RecordTooLargeError(KafkaLogError, ValueError):
+    error_code = 10
+    error_name = "MESSAGE_TOO_LARGE"
+
+
+class UnsupportedCodecError(KafkaLogError):
+    """A compression codec is unknown, not valid for the message format, or its library is missing."""
+
+    error_code = 76
+    error_name = "UNSUPPORTED_COMPRESSION_TYPE"
+
+
+class UnsupportedVersionError(KafkaLogError):
+    """A magic byte, file version or on-storage format version we do not understand."""
+
+    error_code = 35
+    error_name = "UNSUPPORTED_VERSION"
+
+
+class LogSegmentOffsetOverflowError(KafkaLogError):
+    """An offset does not fit a segment's 32-bit relative offsets."""
+
+    error_code = 87
+    error_name = "INVALID_RECORD"
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+class OffsetOutOfRangeError(KafkaLogError, ValueError):
+    error_code = 1
+    error_name = "OFFSET_OUT_OF_RANGE"
+
+
+class UnknownTopicOrPartitionError(KafkaLogError, LookupError):
+    error_code = 3
+    error_name = "UNKNOWN_TOPIC_OR_PARTITION"
+
+
+class InvalidTopicError(KafkaLogError, ValueError):
+    error_code = 17
+    error_name = "INVALID_TOPIC_EXCEPTION"
+
+
+class TopicAlreadyExistsError(KafkaLogError):
+    error_code = 36
+    error_name = "TOPIC_ALREADY_EXISTS"
+
+
+class InvalidPartitionsError(KafkaLogError, ValueError):
+    error_code = 37
+    error_name = "INVALID_PARTITIONS"
+
+
+class InvalidConfigError(KafkaLogError, ValueError):
+    """A bad option, config value or command-line argument."""
+
+    error_code = 40
+    error_name = "INVALID_CONFIG"
+
+
+class InvalidRequestError(KafkaLogError, ValueError):
+    error_code = 42
+    error_name = "INVALID_REQUEST"
+
+
+class TopicAuthorizationFailedError(KafkaLogError, PermissionError):
+    error_code = 29
+    error_name = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class FencedLeaderEpochError(KafkaLogError):
+    """A writer's leader epoch (its right to write) was taken over: it is a zombie."""
+
+    error_code = 74
+    error_name = "FENCED_LEADER_EPOCH"
+
+
+# -- storage ------------------------------------------------------------------------------------
+
+class KafkaStorageError(KafkaLogError, OSError):
+    """Storage failed or behaved outside what its backend guarantees."""
+
+    error_code = 56
+    error_name = "KAFKA_STORAGE_ERROR"
+    retriable = True
+
+
+class AlreadyExistsError(KafkaStorageError, FileExistsError):
+    """Create-if-absent lost: the object already exists (someone else won the race)."""
+
+    retriable = False
+
+
+class StorageNotFoundError(KafkaStorageError, FileNotFoundError):
+    """A path that must exist does not."""
+
+    retriable = False
+
+
+class UnsupportedOperationError(KafkaStorageError):
+    """The backend cannot do this operation with the guarantee asked for."""
+
+    retriable = False
+
+
+__all__ = [name for name, obj in globals().items()
+           if isinstance(obj, type) and issubclass(obj, KafkaLogError)]
