@@ -1,0 +1,369 @@
+"""A partition's log: its ordered segments, with Kafka's read, append, roll, truncate and
+delete-below-log-start rules.
+
+This layer holds no durable state of its own: everything (segments, indexes, leader epochs) is
+re-read from storage, so a process that dies loses nothing but its cache. Concurrency between
+writers is *not* handled here: the cluster layer's protocol decides who may append or truncate.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+from ..errors import (AlreadyExistsError, InvalidTopicError, OffsetOutOfRangeError,
+                      RecordTooLargeError, StorageNotFoundError)
+from ..format import checkpoint as ckpt
+from ..format.batch import iter_headers
+from ..format.columnar import Columns, decode_columns
+from ..format.encode import EncodedBatch, assign_log_append_time, assign_offsets
+from ..format.records import LOG_APPEND_TIME
+from .config import LogConfig
+from .segment import (INDEX_SUFFIX, TIMEINDEX_SUFFIX, LogSegment, ReadStats,
+                      SegmentRecovery)
+
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
+_INT32_MAX = 2**31 - 1
+LEADER_EPOCH_FILE = "leader-epoch-checkpoint"
+PARTITION_METADATA_FILE = "partition.metadata"
+
+
+def parse_partition_dir(name: str) -> Tuple[str, int]:
+    """``<topic>-<partition>`` -> (topic, partition); the topic itself may contain dashes."""
+    topic, sep, part = name.rpartition("-")
+    if not sep or not topic or not part.isdigit():
+        raise InvalidTopicError(f"{name!r} is not a <topic>-<partition> directory name")
+    return topic, int(part)
+
+
+@dataclass
+class AppendResult:
+    first_offset: int
+    last_offset: int
+    log_append_time: int = -1
+    rolled: List[int] = field(default_factory=list)   # base offsets of segments created
+
+
+@dataclass
+class RecoveryReport:
+    partition_dir: str
+    segments: List[SegmentRecovery]
+    deleted_segments: List[str]
+    log_end_offset: int
+
+    @property
+    def truncated_bytes(self) -> int:
+        return sum(s.truncated_bytes for s in self.segments)
+
+
+class PartitionLog:
+    def __init__(self, storage, dir_path: str, config: Optional[LogConfig] = None, *,
+                 log_start_offset: Optional[int] = None, stats: Optional[ReadStats] = None):
+        self.storage = storage
+        self.dir = dir_path.rstrip("/")
+        self.topic, self.partition = parse_partition_dir(self.dir.rsplit("/", 1)[-1])
+        self.config = config or LogConfig()
+        self.stats = stats or ReadStats()
+        self._checkpointed_log_start = log_start_offset
+        self.segments: List[LogSegment] = []
+        self.refresh()
+
+    # -- segments ---------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Re-list segments from storage (another process may have rolled or deleted some)."""
+        bases = set()
+        for info in self.storage.list(self.dir):
+            m = _SEGMENT_FILE.match(info.name)
+            if m and m.group(2) == "log":
+                bases.add(int(m.group(1)))
+        old = {s.base_offset: s for s in self.segments}
+        self.segments = [old.get(b) or LogSegment(self.storage, self.dir, b, self.config,
+                                                  self.stats) for b in sorted(bases)]
+        for seg in self.segments:
+            seg._size = None
+
+    def _path(self, name: str) -> str:
+        return f"{self.dir}/{name}"
+
+    @property
+    def active_segment(self) -> Optional[LogSegment]:
+        return self.segments[-1] if self.segments else None
+
+    def segment_for(self, offset: int) -> Optional[int]:
+        """Index of the segment that would hold ``offset`` (largest base <= offset)."""
+        found = None
+        for i, seg in enumerate(self.segments):
+            if seg.base_offset <= offset:
+                found = i
+            else:
+                break
+        return found
+
+    @property
+    def log_start_offset(self) -> int:
+        first = self.segments[0].base_offset if self.segments else 0
+        if self._checkpointed_log_start is None:
+            return first
+        return max(first, self._checkpointed_log_start)
+
+    @log_start_offset.setter
+    def log_start_offset(self, value: int) -> None:
+        self._checkpointed_log_start = value
+
+    @property
+    def log_end_offset(self) -> int:
+        if not self.segments:
+            return self._checkpointed_log_start or 0
+        return self.segments[-1].next_offset()
+
+    def size_in_bytes(self) -> int:
+        return sum(seg.size() for seg in self.segments)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _check_fetch_offset(self, offset: int, high_watermark: Optional[int]) -> int:
+        leo = self.log_end_offset
+        hw = leo if high_watermark is None else min(high_watermark, leo)
+        if offset < self.log_start_offset or offset > hw:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range for {self.topic}-{self.partition}: log start "
+                f"offset {self.log_start_offset}, high watermark {hw}")
+        return hw
+
+    def read(self, offset: int, max_bytes: int = 1 << 20, *,
+             high_watermark: Optional[int] = None) -> Tuple[bytes, int]:
+        """Raw whole entries from the segment holding ``offset`` (one segment, like a fetch).
+
+        Returns ``(data, base_offset_of_segment)``. Entries may start below ``offset`` (a batch
+        holds several offsets) or reach past the high watermark; decoders trim by offset.
+        """
+        hw = self._check_fetch_offset(offset, high_watermark)
+        if offset == hw:
+            return b"", -1
+        i = self.segment_for(offset)
+        i = 0 if i is None else i
+        while i < len(self.segments):
+            seg = self.segments[i]
+            data, _ = seg.read_from(offset, max_bytes)
+            if data:
+                return data, seg.base_offset
+            i += 1
+        return b"", -1
+
+    def read_columns(self, start: int, end: Optional[int] = None, *, max_bytes: int = 1 << 20,
+                     high_watermark: Optional[int] = None, skip_control: bool = True,
+                     with_headers: bool = True, max_records: Optional[int] = None) -> Columns:
+        """Decode the records in ``[start, end)`` (bounded by the high watermark) into columns."""
+        hw = self._check_fetch_offset(start, high_watermark)
+        end = hw if end is None else min(end, hw)
+        cols = Columns()
+        offset = start
+        while offset < end and (max_records is None or len(cols) < max_records):
+            data, _ = self.read(offset, max_bytes, high_watermark=hw)
+            if not data:
+                break
+            decode_columns(data, min_offset=offset, max_offset=end, skip_control=skip_control,
+                           with_headers=with_headers, cols=cols)
+            last = None
+            for h in iter_headers(data):
+                last = h
+            offset = last.last_offset + 1
+        return cols
+
+    def offset_for_timestamp(self, timestamp: int) -> Optional[Tuple[int, int]]:
+        """Kafka's ``offsetsForTimes``: the earliest offset whose timestamp is >= ``timestamp``.
+
+        Returns ``(offset, record timestamp)`` or None when no record qualifies.
+        """
+        start = self.log_start_offset
+        for seg in self.segments:
+            if seg.next_offset() <= start:
+                continue
+            if seg.largest_timestamp() >= timestamp:
+                found = seg.find_offset_by_timestamp(timestamp, start)
+                if found is not None:
+                    return found
+        return None
+
+    # -- appending --------------------------------------------------------------------------
+
+    def _create_segment(self, base_offset: int) -> LogSegment:
+        self.storage.makedirs(self.dir)
+        seg = LogSegment(self.storage, self.dir, base_offset, self.config, self.stats)
+        try:
+            self.storage.create_if_absent(seg.log_path, b"")
+        except AlreadyExistsError:
+            if self.storage.size(seg.log_path):
+                raise
+        self.storage.replace(seg.path(INDEX_SUFFIX), b"")
+        self.storage.replace(seg.path(TIMEINDEX_SUFFIX), b"")
+        seg._size = 0
+        self.segments.append(seg)
+        return seg
+
+    def _should_roll(self, seg: LogSegment, size: int, batch: EncodedBatch, now_ms: int) -> bool:
+        """Kafka's ``LogSegment.shouldRoll``: size, time (KIP-32), index fullness, offset range."""
+        cfg = self.config
+        cur = seg.size()
+        if cur > cfg.segment_bytes - size:
+            return True
+        if cur > 0:
+            first_ts = seg.first_batch_timestamp()
+            waited = (batch.max_timestamp - first_ts if first_ts >= 0
+                      else now_ms - seg.created_ms())
+            if waited > cfg.segment_ms:
+                return True
+            if seg.index_entries() >= cfg.max_index_entries:
+                return True
+        return batch.last_offset - seg.base_offset > _INT32_MAX
+
+    def append(self, batches: Sequence[EncodedBatch], *, leader_epoch: int = -1,
+               now_ms: Optional[int] = None) -> AppendResult:
+        """Append encoded batches at the log end offset, as a broker's ``UnifiedLog.append``."""
+        if not batches:
+            raise ValueError("nothing to append")
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        cfg = self.config
+        next_offset = self.log_end_offset
+        first = next_offset
+        result = AppendResult(first, first - 1)
+        if cfg.message_timestamp_type == LOG_APPEND_TIME:
+            result.log_append_time = now_ms
+        seg = self.active_segment
+        pending: List[bytes] = []
+        pending_headers = []
+        pending_size = 0
+
+        def flush():
+            nonlocal pending, pending_headers, pending_size
+            if pending:
+                seg.append(b"".join(pending), pending_headers)
+            pending, pending_headers, pending_size = [], [], 0
+
+        for batch in batches:
+            size = len(batch.data)
+            if size > cfg.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {size} bytes exceeds max.message.bytes={cfg.max_message_bytes}")
+            if size > cfg.segment_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {size} bytes exceeds segment.bytes={cfg.segment_bytes}")
+            batch = assign_offsets(batch, next_offset, leader_epoch)
+            if cfg.message_timestamp_type == LOG_APPEND_TIME:
+                batch = assign_log_append_time(batch, now_ms)
+            if seg is None:
+                seg = self._create_segment(next_offset)
+                result.rolled.append(next_offset)
+            elif self._should_roll_pending(seg, pending_size, size, batch, now_ms):
+                flush()
+                seg = self._create_segment(next_offset)
+                result.rolled.append(next_offset)
+            pending.append(batch.data)
+            headers = [h._replace(position=seg.size() + pending_size + h.position)
+                       for h in iter_headers(batch.data)]
+            pending_headers.extend(headers)
+            pending_size += size
+            next_offset = batch.last_offset + 1
+        flush()
+        result.last_offset = next_offset - 1
+        if leader_epoch >= 0:
+            self._assign_leader_epoch(leader_epoch, first)
+        return result
+
+    def _should_roll_pending(self, seg, pending_size, size, batch, now_ms) -> bool:
+        if pending_size == 0:
+            return self._should_roll(seg, size, batch, now_ms)
+        cfg = self.config
+        if seg.size() + pending_size > cfg.segment_bytes - size:
+            return True
+        return batch.last_offset - seg.base_offset > _INT32_MAX
+
+    # -- leader epochs ------------------------------------------------------------------------
+
+    def leader_epochs(self) -> List[ckpt.EpochEntry]:
+        try:
+            text = self.storage.read(self._path(LEADER_EPOCH_FILE)).decode("utf-8")
+        except StorageNotFoundError:
+            return []
+        return ckpt.parse_leader_epoch_checkpoint(text)
+
+    def _assign_leader_epoch(self, epoch: int, start_offset: int) -> None:
+        entries = self.leader_epochs()
+        if entries and entries[-1].epoch >= epoch:
+            return
+        entries.append(ckpt.EpochEntry(epoch, start_offset))
+        self.storage.replace(self._path(LEADER_EPOCH_FILE),
+                             ckpt.format_leader_epoch_checkpoint(entries).encode())
+
+    def write_partition_metadata(self, topic_id: str) -> None:
+        self.storage.makedirs(self.dir)
+        self.storage.replace(self._path(PARTITION_METADATA_FILE),
+                             ckpt.format_partition_metadata(topic_id).encode())
+
+    # -- truncation, deletion, recovery -------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every record at or above ``offset`` (whole batches, as Kafka truncates)."""
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot truncate to negative offset {offset}")
+        removed = 0
+        for seg in list(reversed(self.segments)):
+            if seg.base_offset >= offset and seg is not self.segments[0]:
+                removed += seg.size()
+                seg.delete()
+                self.segments.remove(seg)
+            else:
+                removed += seg.truncate_to(offset)
+                break
+        entries = [e for e in self.leader_epochs() if e.start_offset < offset]
+        if self.storage.exists(self._path(LEADER_EPOCH_FILE)):
+            self.storage.replace(self._path(LEADER_EPOCH_FILE),
+                                 ckpt.format_leader_epoch_checkpoint(entries).encode())
+        return removed
+
+    def delete_segments_below(self, log_start_offset: int) -> List[int]:
+        """Delete segments whose every offset is below ``log_start_offset``; never the active one.
+
+        Kafka's rule: a segment goes when the *next* segment's base offset <= the log start offset.
+        """
+        self.log_start_offset = max(self.log_start_offset, log_start_offset)
+        deleted = []
+        while len(self.segments) > 1 and self.segments[1].base_offset <= self.log_start_offset:
+            seg = self.segments.pop(0)
+            seg.delete()
+            deleted.append(seg.base_offset)
+        return deleted
+
+    def recover(self, *, apply: bool = True) -> RecoveryReport:
+        """Validate every segment; cut at the first damage and drop the segments after it."""
+        results: List[SegmentRecovery] = []
+        deleted: List[str] = []
+        prev_last = None
+        for i, seg in enumerate(self.segments):
+            res = seg.recover(previous_last_offset=prev_last, apply=apply)
+            results.append(res)
+            prev_last = res.next_offset - 1
+            if res.truncated_bytes:
+                for later in self.segments[i + 1:]:
+                    deleted.append(later.log_path)
+                    if apply:
+                        later.delete()
+                if apply:
+                    self.segments = self.segments[:i + 1]
+                break
+        if apply:
+            self._delete_orphan_files()
+        leo = prev_last + 1 if prev_last is not None else self.log_start_offset
+        return RecoveryReport(self.dir, results, deleted, leo)
+
+    def _delete_orphan_files(self) -> None:
+        """Index files without a ``.log`` (left by a deletion that was cut short)."""
+        bases = {s.base_offset for s in self.segments}
+        for info in self.storage.list(self.dir):
+            m = _SEGMENT_FILE.match(info.name)
+            if m and int(m.group(1)) not in bases and m.group(2) != "log":
+                self.storage.delete(self._path(info.name))
+
+

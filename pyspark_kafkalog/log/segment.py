@@ -1,0 +1,446 @@
+"""One segment: ``<base>.log`` plus its ``.index`` and ``.timeindex``.
+
+Reads go through the offset index and then walk batch *headers* forward from the indexed position
+in small windows, so finding a mid-segment offset costs about one ``index.interval.bytes`` of log
+reads, never a scan from the segment head. Indexes are derived data: a missing, torn or
+pre-allocated index is read as far as it is valid and otherwise ignored (the reads just walk
+further), and writers restore the invariant "index == what Kafka's recovery rebuilds".
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import CorruptRecordError, StorageNotFoundError
+from ..format import index as idx
+from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, RECORD_OVERHEAD_V0,
+                            V2_HEADER_SIZE, BatchHeader, iter_headers, read_header, validate)
+from ..format.columnar import decode_records
+from ..format.index_builder import IndexBuilder
+from .config import LogConfig
+
+LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX = ".log", ".index", ".timeindex", ".txnindex"
+_INT32_MAX = 2**31 - 1
+_HEADER_BYTES = V2_HEADER_SIZE     # enough bytes to parse any entry header
+
+
+def segment_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+@dataclass
+class ReadStats:
+    """Bytes and requests that reads cost; tests assert on these instead of on time."""
+
+    log_bytes: int = 0
+    index_bytes: int = 0
+    requests: int = 0
+
+    def reset(self) -> None:
+        self.log_bytes = self.index_bytes = self.requests = 0
+
+
+@dataclass
+class SegmentRecovery:
+    """What recovering one segment found (``kafkalog recover`` prints this)."""
+
+    segment: str
+    base_offset: int
+    original_bytes: int
+    valid_bytes: int
+    truncated_bytes: int
+    first_dropped_offset: Optional[int] = None
+    error: Optional[str] = None
+    next_offset: Optional[int] = None
+    index_rebuilt: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+class LogSegment:
+    def __init__(self, storage, dir_path: str, base_offset: int,
+                 config: Optional[LogConfig] = None, stats: Optional[ReadStats] = None):
+        self.storage = storage
+        self.dir = dir_path
+        self.base_offset = base_offset
+        self.config = config or LogConfig()
+        self.stats = stats or ReadStats()
+        self._offset_index: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self._time_index: Optional[Tuple[np.ndarray, np.ndarray]] = None
+        self._builder: Optional[IndexBuilder] = None   # writer state, valid while we append
+        self._size: Optional[int] = None
+        self._first_batch_ts: Optional[int] = None
+
+    def path(self, suffix: str) -> str:
+        name = segment_name(self.base_offset, suffix)
+        return f"{self.dir}/{name}" if self.dir else name
+
+    @property
+    def log_path(self) -> str:
+        return self.path(LOG_SUFFIX)
+
+    def __repr__(self) -> str:
+        return f"LogSegment({self.log_path})"
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def size(self, refresh: bool = False) -> int:
+        if self._size is None or refresh:
+            self._size = self.storage.size(self.log_path)
+        return self._size
+
+    def read(self, start: int, end: int) -> bytes:
+        data = self.storage.read(self.log_path, start, end)
+        self.stats.log_bytes += len(data)
+        self.stats.requests += 1
+        return data
+
+    def _read_index_file(self, suffix: str) -> bytes:
+        try:
+            data = self.storage.read(self.path(suffix))
+        except StorageNotFoundError:
+            return b""
+        self.stats.index_bytes += len(data)
+        self.stats.requests += 1
+        return data
+
+    def offset_index(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(absolute offsets, positions), as far as the index file is valid."""
+        if self._offset_index is None:
+            buf = self._read_index_file(INDEX_SUFFIX)
+            buf = buf[:len(buf) - len(buf) % idx.OFFSET_ENTRY_SIZE]
+            self._offset_index = _valid_prefix_offset_index(buf, self.base_offset)
+        return self._offset_index
+
+    def time_index(self) -> Tuple[np.ndarray, np.ndarray]:
+        """(timestamps, absolute offsets), as far as the index file is valid."""
+        if self._time_index is None:
+            buf = self._read_index_file(TIMEINDEX_SUFFIX)
+            buf = buf[:len(buf) - len(buf) % idx.TIME_ENTRY_SIZE]
+            self._time_index = _valid_prefix_time_index(buf, self.base_offset)
+        return self._time_index
+
+    def invalidate(self) -> None:
+        self._offset_index = self._time_index = self._size = self._builder = None
+        self._first_batch_ts = None
+
+    def walk(self, start: int = 0, end: Optional[int] = None, *, with_body: bool = False,
+             window: Optional[int] = None) -> Iterator[Tuple[BatchHeader, Optional[bytes]]]:
+        """Yield entry headers (file positions) from ``start``; with ``with_body`` also the bytes.
+
+        Reads windows of about ``index.interval.bytes``; without bodies, a batch larger than the
+        window is skipped by its header alone. Stops quietly at a partial entry at ``end``.
+        """
+        end = self.size() if end is None else end
+        window = window or max(self.config.index_interval_bytes, 4096)
+        buf, buf_start = b"", start
+        pos = start
+        while pos + HEADER_SIZE_UP_TO_MAGIC < end:
+            need = min(_HEADER_BYTES, end - pos)
+            if pos + need > buf_start + len(buf):
+                buf_start, buf = pos, self.read(pos, min(end, pos + max(window, need)))
+            rel = pos - buf_start
+            length = int.from_bytes(buf[rel + 8:rel + 12], "big", signed=True)
+            if length < RECORD_OVERHEAD_V0:
+                raise CorruptRecordError(
+                    f"{self.log_path}: entry at position {pos} declares size {length}", pos)
+            entry_end = pos + LOG_OVERHEAD + length
+            if entry_end > end:
+                return
+            body = None
+            if with_body:
+                if entry_end > buf_start + len(buf):
+                    if entry_end - pos > window:
+                        buf_start, buf = pos, self.read(pos, entry_end)
+                    else:
+                        buf_start, buf = pos, self.read(pos, min(end, pos + window))
+                    rel = 0
+                body = buf[rel:rel + LOG_OVERHEAD + length]
+                header = read_header(body, 0)._replace(position=pos)
+            else:
+                header = read_header(buf[rel:rel + _HEADER_BYTES], 0)._replace(position=pos)
+            yield header, body
+            pos = entry_end
+
+    def lookup_position(self, offset: int) -> int:
+        offsets, positions = self.offset_index()
+        return idx.offset_index_lookup(offsets, positions, offset, self.base_offset)[1]
+
+    def find_batch(self, offset: int, end: Optional[int] = None) -> Optional[BatchHeader]:
+        """The first entry whose last offset is >= ``offset`` (Kafka's ``translateOffset``)."""
+        for header, _ in self.walk(self.lookup_position(offset), end):
+            if header.last_offset >= offset:
+                return header
+        return None
+
+    def read_from(self, offset: int, max_bytes: int, end: Optional[int] = None) -> Tuple[bytes, int]:
+        """Whole entries starting with the one holding ``offset``, about ``max_bytes`` of them.
+
+        At least one entry is returned even if it is larger than ``max_bytes`` (Kafka's
+        ``minOneMessage``), so a consumer can always make progress.
+        """
+        end = self.size() if end is None else end
+        first = self.find_batch(offset, end)
+        if first is None:
+            return b"", end
+        stop = min(end, first.position + max(max_bytes, first.size))
+        data = self.read(first.position, stop)
+        last_end = 0
+        for h in iter_headers(data):
+            last_end = h.end
+        return data[:last_end], first.position
+
+    def next_offset(self) -> int:
+        """The offset after the last entry (the base offset if empty)."""
+        offsets, positions = self.offset_index()
+        start = int(positions[-1]) if len(positions) else 0
+        last = None
+        try:
+            for header, _ in self.walk(start):
+                last = header
+        except CorruptRecordError:
+            pass
+        if last is None:
+            if start:
+                return int(offsets[-1]) + 1
+            return self.base_offset
+        return last.last_offset + 1
+
+    def largest_timestamp(self) -> int:
+        """Max timestamp of the segment: the time index's last entry, or the tail's batches.
+
+        A Kafka broker's active segment has no final time-index entry yet, so the batches after
+        the last offset-index entry are checked too (about one index interval of reads).
+        """
+        ts, _ = self.time_index()
+        best = int(ts[-1]) if len(ts) else -1
+        _, positions = self.offset_index()
+        start = int(positions[-1]) if len(positions) else 0
+        try:
+            for header, _ in self.walk(start):
+                best = max(best, header.max_timestamp)
+        except CorruptRecordError:
+            pass
+        return best
+
+    def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> Optional[Tuple[int, int]]:
+        """Earliest (offset, timestamp) with timestamp >= target and offset >= starting_offset."""
+        tss, toffs = self.time_index()
+        _, ts_offset = idx.time_index_lookup(tss, toffs, timestamp, self.base_offset)
+        start = self.lookup_position(max(ts_offset, starting_offset))
+        for header, body in self.walk(start, with_body=True):
+            if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
+                for rec in decode_records(body):
+                    if rec.timestamp >= timestamp and rec.offset >= starting_offset:
+                        return rec.offset, rec.timestamp
+        return None
+
+    def first_batch_timestamp(self) -> int:
+        if self._first_batch_ts is None:
+            self._first_batch_ts = -1
+            for header, _ in self.walk(0):
+                self._first_batch_ts = header.max_timestamp
+                break
+        return self._first_batch_ts
+
+    def created_ms(self) -> float:
+        try:
+            return self.storage.mtime(self.log_path) * 1000
+        except Exception:
+            return time.time() * 1000
+
+    # -- recovery and index rebuilding --------------------------------------------------------
+
+    def recover(self, *, previous_last_offset: Optional[int] = None, apply: bool = True,
+                chunk_bytes: int = 8 << 20) -> SegmentRecovery:
+        """Validate every entry, cut at the first torn or corrupt one, rebuild both indexes.
+
+        Beyond Kafka's CRC and size checks we also cut where offsets stop increasing or leave the
+        segment's relative range: a magic 2 base offset is outside the CRC, so only this catches
+        a flipped byte there.
+        """
+        size = self.size(refresh=True)
+        builder = IndexBuilder(self.base_offset, self.config.index_interval_bytes)
+        prev_last = self.base_offset - 1 if previous_last_offset is None else previous_last_offset
+        error = None
+        first_dropped = None
+        try:
+            for header, body in self.walk(0, size, with_body=True, window=chunk_bytes):
+                validate(body, header, header.position)
+                base = header.base_offset if header.base_offset >= 0 else header.last_offset
+                if (header.last_offset <= prev_last or base <= prev_last or base > header.last_offset
+                        or header.last_offset - self.base_offset > _INT32_MAX
+                        or base < self.base_offset):
+                    raise CorruptRecordError(
+                        f"offsets {base}..{header.last_offset} at position {header.position} do "
+                        f"not follow {prev_last} within segment {self.base_offset}", header.position)
+                builder.add(header.size, header.last_offset, header.max_timestamp)
+                prev_last = header.last_offset
+        except CorruptRecordError as exc:
+            error = str(exc)
+        valid = builder.valid_bytes
+        if valid < size:
+            if error is None:
+                error = f"torn entry at position {valid} ({size - valid} bytes to the end)"
+            first_dropped = self._first_offset_at(valid, size, prev_last + 1)
+        result = SegmentRecovery(self.log_path, self.base_offset, size, valid, size - valid,
+                                 first_dropped, error, prev_last + 1)
+        if apply:
+            if valid < size:
+                self.storage.truncate(self.log_path, valid)
+            self._write_indexes(builder, full=True)
+            self._size = valid
+            self._builder = builder
+        return result
+
+    def _first_offset_at(self, position: int, size: int, next_offset: int) -> int:
+        """The first offset lost: a magic 2 batch says it in its header (there may be a gap
+        before it); otherwise it is the offset after the last valid entry."""
+        if size - position >= _HEADER_BYTES:
+            try:
+                header = read_header(self.read(position, position + _HEADER_BYTES), 0)
+                if header.magic == 2 and header.base_offset >= next_offset:
+                    return header.base_offset
+            except CorruptRecordError:
+                pass
+        return next_offset
+
+    def rebuilt_indexes(self) -> Tuple[bytes, bytes]:
+        """The .index and .timeindex bytes Kafka would rebuild from this segment (no writes)."""
+        result_builder = IndexBuilder(self.base_offset, self.config.index_interval_bytes)
+        for header, _ in self.walk(0, window=8 << 20):
+            result_builder.add(header.size, header.last_offset, header.max_timestamp)
+        return (idx.encode_offset_index(result_builder.offset_entries, self.base_offset),
+                idx.encode_time_index(result_builder.final_time_entries(), self.base_offset))
+
+    def _write_indexes(self, builder: IndexBuilder, *, full: bool,
+                       old_offset_entries: int = 0, old_time_entries: int = 0) -> None:
+        """Bring both index files to the builder's state (whole rewrite or tail rewrite)."""
+        st = self.storage
+        offset_entries = builder.offset_entries
+        time_entries = builder.final_time_entries()
+        if full or not st.guarantees.append:
+            st.replace(self.path(INDEX_SUFFIX),
+                       idx.encode_offset_index(offset_entries, self.base_offset))
+            st.replace(self.path(TIMEINDEX_SUFFIX),
+                       idx.encode_time_index(time_entries, self.base_offset))
+        else:
+            new = offset_entries[old_offset_entries:]
+            if new:
+                st.append(self.path(INDEX_SUFFIX), idx.encode_offset_index(new, self.base_offset))
+            keep = old_time_entries
+            st.truncate(self.path(TIMEINDEX_SUFFIX), keep * idx.TIME_ENTRY_SIZE)
+            if time_entries[keep:]:
+                st.append(self.path(TIMEINDEX_SUFFIX),
+                          idx.encode_time_index(time_entries[keep:], self.base_offset))
+        self._offset_index = (np.array([o for o, _ in offset_entries], dtype=np.int64),
+                              np.array([p for _, p in offset_entries], dtype=np.int64))
+        self._time_index = (np.array([t for t, _ in time_entries], dtype=np.int64),
+                            np.array([o for _, o in time_entries], dtype=np.int64))
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _append_state(self) -> IndexBuilder:
+        """Resume Kafka's index rule at the end of the log, repairing a torn tail first."""
+        if self._builder is not None:
+            return self._builder
+        size = self.size(refresh=True)
+        offsets, positions = self.offset_index()
+        entries = list(zip(offsets.tolist(), positions.tolist()))
+        tss, toffs = self.time_index()
+        time_entries = list(zip(tss.tolist(), toffs.tolist()))
+        builder = None
+        if entries:
+            last_offset, last_pos = entries[-1]
+            if last_pos < size:
+                h = next(self.walk(last_pos, size), (None, None))[0]
+                if h is not None and h.last_offset == last_offset:
+                    builder = IndexBuilder.resume(self.base_offset,
+                                                  self.config.index_interval_bytes,
+                                                  entries, time_entries, h.size)
+        if builder is None:   # no usable index: the whole segment must be re-derived
+            self.recover()
+            return self._builder
+        prev_last = entries[-1][0]
+        kept_time = len(builder.time_entries)
+        try:
+            for header, body in self.walk(builder.valid_bytes, size, with_body=True):
+                validate(body, header, header.position)
+                if header.last_offset <= prev_last:
+                    raise CorruptRecordError("offsets go backwards", header.position)
+                builder.add(header.size, header.last_offset, header.max_timestamp)
+                prev_last = header.last_offset
+        except CorruptRecordError:
+            pass
+        if builder.valid_bytes < size:
+            self.storage.truncate(self.log_path, builder.valid_bytes)
+            self._size = builder.valid_bytes
+        if (len(builder.offset_entries) != len(entries)
+                or builder.final_time_entries() != time_entries):
+            self._write_indexes(builder, full=False, old_offset_entries=len(entries),
+                                old_time_entries=kept_time)
+        self._builder = builder
+        return builder
+
+    def append(self, data: bytes, headers: List[BatchHeader]) -> None:
+        """Append whole, already offset-assigned entries and extend both indexes."""
+        builder = self._append_state()
+        old_offset_entries = len(builder.offset_entries)
+        old_time_entries = len(builder.time_entries)
+        if builder.valid_bytes == 0:
+            self._first_batch_ts = headers[0].max_timestamp if headers else None
+        for h in headers:
+            builder.add(h.size, h.last_offset, h.max_timestamp)
+        if self.storage.guarantees.append:
+            self.storage.append(self.log_path, data)
+        else:
+            self.storage.replace(self.log_path, self.read(0, self.size()) + data)
+        self._size = builder.valid_bytes
+        self._write_indexes(builder, full=False, old_offset_entries=old_offset_entries,
+                            old_time_entries=old_time_entries)
+
+    def index_entries(self) -> int:
+        return len(self._append_state().offset_entries)
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop every entry from the one holding ``offset`` on; returns the bytes removed."""
+        header = self.find_batch(offset)
+        if header is None:
+            return 0
+        size = self.size(refresh=True)
+        # indexes first, so no index entry ever points past the log
+        self.storage.replace(self.path(INDEX_SUFFIX), b"")
+        self.storage.replace(self.path(TIMEINDEX_SUFFIX), b"")
+        self.storage.truncate(self.log_path, header.position)
+        self.invalidate()
+        self.recover()
+        return size - header.position
+
+    def delete(self) -> None:
+        """The log goes first: orphan index files are harmless and cleaned up on open."""
+        self.storage.delete(self.log_path)
+        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
+            self.storage.delete(self.path(suffix))
+
+
+def _valid_prefix_offset_index(buf: bytes, base: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Entries up to the first that breaks the index's order (e.g. Kafka's zero pre-allocation)."""
+    raw = np.frombuffer(buf, dtype=[("rel", ">i4"), ("pos", ">i4")])
+    rel, pos = raw["rel"].astype(np.int64), raw["pos"].astype(np.int64)
+    ok = (rel >= 0) & (pos > 0)
+    ok[1:] &= (np.diff(rel) > 0) & (np.diff(pos) > 0)
+    bad = np.flatnonzero(~ok)
+    n = int(bad[0]) if len(bad) else len(rel)
+    return rel[:n] + base, pos[:n]
+
+
+def _valid_prefix_time_index(buf: bytes, base: int) -> Tuple[np.ndarray, np.ndarray]:
+    raw = np.frombuffer(buf, dtype=[("ts", ">i8"), ("rel", ">i4")])
+    ts, rel = raw["ts"].astype(np.int64), raw["rel"].astype(np.int64)
+    ok = rel >= 0
+    ok[1:] &= (np.diff(ts) > 0) & (np.diff(rel) >= 0)
+    bad = np.flatnonzero(~ok)
+    n = int(bad[0]) if len(bad) else len(ts)
+    return ts[:n], rel[:n] + base
