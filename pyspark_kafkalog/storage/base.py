@@ -1,0 +1,248 @@
+"""The storage contract every backend implements, and the helpers they share.
+
+Everything above this package (segments, indexes, checkpoints, leader-epoch claims) is written
+against :class:`Storage` and is only as correct as the primitives below it. Many processes write
+the same storage at once and any of them may die at any instant, so each primitive states exactly
+what a reader or a competing writer can observe, and :class:`StorageGuarantees` tells callers which
+of those promises the backend in hand really keeps, so a caller that needs one can refuse to run
+without it instead of silently corrupting data.
+"""
+from __future__ import annotations
+
+import abc
+import contextlib
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Iterable, Iterator, NamedTuple
+
+from ..errors import (
+    AlreadyExistsError,
+    InvalidConfigError,
+    KafkaLogError,
+    KafkaStorageError,
+    StorageNotFoundError,
+    UnsupportedOperationError,
+)
+
+
+@dataclass(frozen=True)
+class StorageGuarantees:
+    """What a backend promises; each backend's class docstring says why it can.
+
+    ``atomic_create_if_absent``: concurrent ``create_if_absent`` calls on one path, from any
+    processes that share the storage, have exactly one winner, and readers see either nothing or the
+    winner's whole content (never a prefix, even if the writer dies mid-way).
+    ``atomic_replace``: a reader sees the old or the new content whole, never a mix or a prefix.
+    ``append``: ``append`` is supported at all. It is never atomic: a writer killed mid-append can
+    leave a prefix of its data, and a concurrent reader can see one; the log layer must recover by
+    validating batches (as Kafka does) and truncating the torn tail.
+    ``truncate_in_place``: ``truncate`` cuts the file without rewriting it (else it is a read of the
+    prefix plus a ``replace``, which costs a copy and races with concurrent writers).
+    ``read_after_write`` / ``list_after_write``: once a write returns, every process (that the
+    backend serves, see ``multi_process``) reads the new content / lists the new name.
+    ``durable_on_return``: a returned write survives a machine crash, not just a process crash.
+    ``multi_process``: other processes (other executors, CLIs) see the same data at all.
+    """
+
+    atomic_create_if_absent: bool
+    atomic_replace: bool
+    append: bool
+    truncate_in_place: bool
+    read_after_write: bool
+    list_after_write: bool
+    durable_on_return: bool
+    multi_process: bool
+
+
+class FileInfo(NamedTuple):
+    name: str
+    size: int
+
+
+# A writer that is killed between writing its temp file and publishing it leaves the temp file
+# behind; the name must say so unambiguously, so listings can hide it and cleanup can remove it.
+_TEMP_RE = re.compile(r"^\..+\.tmp-[0-9a-f]{16}$")
+# '*?[' would be glob patterns to several fsspec calls; '\\' is a separator on Windows.
+_FORBIDDEN_CHARS = frozenset("\x00\\*?[")
+
+
+def temp_name_for(name: str) -> str:
+    return f".{name}.tmp-{secrets.token_hex(8)}"
+
+
+def split_path(path: str, *, allow_root: bool = False) -> list[str]:
+    """Validated components of a root-relative path.
+
+    The checks are what keeps a caller-supplied topic or file name from reaching outside the
+    storage root: no absolute paths, no '..' or '.', no empty components (which '//' would be, and
+    which object stores would turn into distinct keys).
+    """
+    if not isinstance(path, str):
+        raise InvalidConfigError(f"storage path must be a str, got {type(path).__name__}: {path!r}")
+    if path == "":
+        if allow_root:
+            return []
+        raise InvalidConfigError("storage path must not be empty")
+    if path.startswith("/"):
+        raise InvalidConfigError(f"storage path must be relative to the storage root: {path!r}")
+    parts = path.split("/")
+    if allow_root and parts[-1] == "":
+        parts.pop()  # a directory may be written with a trailing slash
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise InvalidConfigError(f"storage path has an empty, '.' or '..' component: {path!r}")
+        if _FORBIDDEN_CHARS.intersection(part):
+            raise InvalidConfigError(f"storage path has a forbidden character (NUL, \\, *, ?, [): {path!r}")
+    return parts
+
+
+def check_range(start: int, end: int | None) -> None:
+    if not isinstance(start, int) or start < 0:
+        raise InvalidConfigError(f"read start must be an int >= 0, got {start!r}")
+    if end is not None and (not isinstance(end, int) or end < start):
+        raise InvalidConfigError(f"read end must be None or an int >= start ({start}), got {end!r}")
+
+
+# Exceptions from the backend's client libraries that are not OSErrors (connection resets, timeouts
+# inside botocore/aiohttp) are still storage failures, and callers should see one type for them.
+_BACKEND_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "fsspec", "gcsfs", "adlfs",
+                    "urllib3", "requests")
+
+
+@contextlib.contextmanager
+def storage_errors(op: str, where: str) -> Iterator[None]:
+    try:
+        yield
+    except KafkaLogError:
+        raise
+    except FileNotFoundError as e:
+        raise StorageNotFoundError(f"{op} {where}: not found ({e})") from e
+    except FileExistsError as e:
+        if op == "create":
+            raise AlreadyExistsError(f"{op} {where}: already exists") from e
+        # e.g. a file where a parent directory should be: not a lost race, so not AlreadyExists
+        raise KafkaStorageError(f"{op} {where}: something is in the way ({e})") from e
+    except OSError as e:
+        raise KafkaStorageError(f"{op} {where}: {e}") from e
+    except Exception as e:
+        if type(e).__module__.split(".")[0] in _BACKEND_MODULES:
+            raise KafkaStorageError(f"{op} {where}: {type(e).__name__}: {e}") from e
+        raise
+
+
+class Storage(abc.ABC):
+    """A tree of files under one root, with only the primitives the log format needs.
+
+    Paths are '/'-separated and relative to the root (see :func:`split_path`). Directories are
+    implicit on object stores: there a directory exists only while it holds a file, so code must not
+    rely on empty directories persisting (they may on local disk) or on ``makedirs`` being visible.
+    Every method raises :class:`KafkaStorageError` subclasses only, with the path in the message.
+    """
+
+    url: str
+
+    @property
+    @abc.abstractmethod
+    def guarantees(self) -> StorageGuarantees: ...
+
+    @staticmethod
+    def is_temp_name(name: str) -> bool:
+        """True for the temp files a writer creates before publishing (see ``cleanup_temp_files``)."""
+        return bool(_TEMP_RE.match(name.rsplit("/", 1)[-1]))
+
+    def _where(self, path: str) -> str:
+        return f"{self.url.rstrip('/')}/{path}"
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def read(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)``; a range past the end returns what exists (maybe b"")."""
+
+    @abc.abstractmethod
+    def size(self, path: str) -> int: ...
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool:
+        """Whether a *file* is at ``path``: directories are implicit on object stores."""
+
+    @abc.abstractmethod
+    def list(self, dir_path: str = "") -> list[FileInfo]:
+        """Direct child files, sorted by name, temp files hidden; [] for a missing directory."""
+
+    @abc.abstractmethod
+    def list_dirs(self, dir_path: str = "") -> list[str]:
+        """Names of direct child directories, sorted; [] for a missing directory."""
+
+    @abc.abstractmethod
+    def mtime(self, path: str) -> float:
+        """Last modification time, seconds since the epoch (the backend's clock, not ours)."""
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_if_absent(self, path: str, data: bytes) -> None:
+        """Publish ``data`` at ``path`` only if nothing is there; else :class:`AlreadyExistsError`.
+
+        This is the one mutual-exclusion primitive the project has (epoch claims, commit markers):
+        check ``guarantees.atomic_create_if_absent`` before relying on it across processes.
+        """
+
+    @abc.abstractmethod
+    def replace(self, path: str, data: bytes) -> None:
+        """Set the whole content of ``path`` (creating it); see ``guarantees.atomic_replace``."""
+
+    def append(self, path: str, data: bytes) -> None:
+        """Add ``data`` at the end of ``path`` (creating it); never atomic, see StorageGuarantees."""
+        split_path(path)
+        raise UnsupportedOperationError(
+            f"append {self._where(path)}: {type(self).__name__} cannot append; write whole objects")
+
+    @abc.abstractmethod
+    def truncate(self, path: str, size: int) -> None:
+        """Cut ``path`` to its first ``size`` bytes (never extends it)."""
+
+    @abc.abstractmethod
+    def delete(self, path: str, missing_ok: bool = True) -> None: ...
+
+    def delete_many(self, paths: Iterable[str]) -> None:
+        """Delete every path, missing ones included; not atomic as a group."""
+        for path in paths:
+            self.delete(path, missing_ok=True)
+
+    @abc.abstractmethod
+    def delete_tree(self, dir_path: str) -> None:
+        """Delete a directory and everything under it (nothing if it is missing); not atomic."""
+
+    @abc.abstractmethod
+    def makedirs(self, dir_path: str) -> None:
+        """Ensure a directory exists where the backend has directories (a no-op on object stores)."""
+
+    # -- maintenance ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _list_temp_files(self, dir_path: str) -> list[tuple[str, float]]:
+        """(name, mtime) of the temp files directly under ``dir_path``."""
+
+    def cleanup_temp_files(self, dir_path: str, older_than_s: float) -> list[str]:
+        """Delete temp files left by killed writers; returns the names removed.
+
+        ``older_than_s`` must exceed the longest write a live writer may still be doing, since a
+        temp file of a write in progress looks exactly like an abandoned one. Deleting one anyway
+        costs that writer its write (it gets an error), not anyone's data.
+        """
+        if older_than_s < 0:
+            raise InvalidConfigError(f"older_than_s must be >= 0, got {older_than_s!r}")
+        split_path(dir_path, allow_root=True)
+        cutoff = time.time() - older_than_s
+        removed = []
+        for name, mtime in self._list_temp_files(dir_path):
+            if mtime <= cutoff:
+                self.delete(f"{dir_path.rstrip('/')}/{name}" if dir_path else name, missing_ok=True)
+                removed.append(name)
+        return sorted(removed)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

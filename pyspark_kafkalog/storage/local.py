@@ -1,0 +1,319 @@
+"""Local (or network-mounted POSIX) disk, through ``os`` directly.
+
+fsspec's local filesystem has no hard links, no O_EXCL and no fsync, and those three are exactly
+what the guarantees below are built from, so this backend talks to the OS itself.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+
+from ..errors import AlreadyExistsError, InvalidConfigError, StorageNotFoundError
+from .base import (
+    FileInfo,
+    Storage,
+    StorageGuarantees,
+    check_range,
+    split_path,
+    storage_errors,
+    temp_name_for,
+)
+
+log = logging.getLogger(__name__)
+
+# errno values meaning "this filesystem cannot hard-link" (FAT, some FUSE/SMB mounts), as opposed
+# to "the target exists" (EEXIST) or a real I/O failure.
+_NO_LINK_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("EPERM", "ENOTSUP", "EOPNOTSUPP", "EXDEV", "EMLINK", "ENOSYS")
+    if hasattr(errno, name))
+
+
+class LocalStorage(Storage):
+    """A directory tree on a POSIX filesystem.
+
+    * ``create_if_absent``: the content goes to a temp file in the target's directory, is fsynced,
+      then published with ``link(tmp, target)``, which the kernel performs atomically and refuses if
+      the target exists. So exactly one of any number of concurrent creators (in any processes on
+      any hosts sharing a POSIX-correct mount) wins, and the target, once visible, is complete.
+      If the filesystem cannot hard-link, it falls back to ``O_CREAT|O_EXCL`` on the target: still
+      exactly one winner, but a reader may see a partially written file, and a writer killed
+      mid-write leaves one; ``guarantees.atomic_create_if_absent`` then turns False.
+    * ``replace``: temp file + fsync + ``rename`` (atomic replace on POSIX) + fsync of the directory.
+    * ``append``: ``O_APPEND`` writes (+ fsync); concurrent appenders do not interleave within one
+      ``write`` call on a local filesystem, but a killed writer can leave a torn tail.
+    * ``truncate`` is in place; reads and listings see writes at once (one kernel page cache).
+    * ``durable_on_return`` holds only with ``fsync=True`` (the default); tests switch it off for
+      speed, which keeps every guarantee against process crashes, only not against power loss.
+
+    Temp files are named ``.<target>.tmp-<16 hex>`` (see :meth:`Storage.is_temp_name`): a writer
+    killed between writing and publishing leaves one, which listings hide and
+    :meth:`cleanup_temp_files` removes.
+    """
+
+    def __init__(self, root: str, *, fsync: bool = True):
+        self._root = os.path.abspath(os.path.expanduser(root))
+        self._fsync = bool(fsync)
+        self._link_ok = True
+        self.url = "file://" + self._root
+        with storage_errors("create root", self.url):
+            os.makedirs(self._root, exist_ok=True)
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    @property
+    def guarantees(self) -> StorageGuarantees:
+        return StorageGuarantees(
+            atomic_create_if_absent=self._link_ok, atomic_replace=True, append=True,
+            truncate_in_place=True, read_after_write=True, list_after_write=True,
+            durable_on_return=self._fsync, multi_process=True)
+
+    def __getstate__(self):
+        return {"root": self._root, "fsync": self._fsync}
+
+    def __setstate__(self, state):
+        self.__init__(state["root"], fsync=state["fsync"])
+
+    def _abs(self, path: str, *, allow_root: bool = False) -> str:
+        return os.path.join(self._root, *split_path(path, allow_root=allow_root))
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def read(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        check_range(start, end)
+        full = self._abs(path)
+        with storage_errors("read", self._where(path)), open(full, "rb") as f:
+            if start:
+                f.seek(start)
+            return f.read() if end is None else f.read(end - start)
+
+    def size(self, path: str) -> int:
+        full = self._abs(path)
+        with storage_errors("size", self._where(path)):
+            return os.stat(full).st_size
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(self._abs(path))
+
+    def mtime(self, path: str) -> float:
+        full = self._abs(path)
+        with storage_errors("mtime", self._where(path)):
+            return os.stat(full).st_mtime
+
+    def _scan(self, dir_path: str) -> list[os.DirEntry]:
+        full = self._abs(dir_path, allow_root=True)
+        with storage_errors("list", self._where(dir_path)):
+            try:
+                with os.scandir(full) as it:
+                    return list(it)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+
+    def list(self, dir_path: str = "") -> list[FileInfo]:
+        out = []
+        for entry in self._scan(dir_path):
+            if self.is_temp_name(entry.name):
+                continue
+            try:
+                if entry.is_file():
+                    out.append(FileInfo(entry.name, entry.stat().st_size))
+            except FileNotFoundError:  # deleted while we listed: it is not there any more
+                continue
+        return sorted(out)
+
+    def list_dirs(self, dir_path: str = "") -> list[str]:
+        out = []
+        for entry in self._scan(dir_path):
+            try:
+                if entry.is_dir():
+                    out.append(entry.name)
+            except FileNotFoundError:
+                continue
+        return sorted(out)
+
+    def _list_temp_files(self, dir_path: str) -> list[tuple[str, float]]:
+        out = []
+        for entry in self._scan(dir_path):
+            if self.is_temp_name(entry.name):
+                try:
+                    out.append((entry.name, entry.stat().st_mtime))
+                except FileNotFoundError:
+                    continue
+        return out
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def _write_fd(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if self._fsync:
+            os.fsync(fd)
+
+    def _sync_dir(self, directory: str) -> None:
+        """Make a create/rename/unlink in ``directory`` itself durable (POSIX needs this)."""
+        if not self._fsync or not hasattr(os, "O_DIRECTORY"):
+            return
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # removed meanwhile (delete_tree): nothing left to sync
+            return
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+                raise
+        finally:
+            os.close(fd)
+
+    def _write_temp(self, target: str, data: bytes) -> str:
+        """A new, complete, synced temp file beside ``target``; returns its path."""
+        directory, name = os.path.split(target)
+        _ensure_dir(directory)
+        tmp = os.path.join(directory, temp_name_for(name))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            self._write_fd(fd, data)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    def create_if_absent(self, path: str, data: bytes) -> None:
+        full = self._abs(path)
+        where = self._where(path)
+        with storage_errors("create", where):
+            if os.path.lexists(full):  # cheap early out; the link below is what decides
+                raise AlreadyExistsError(f"create {where}: already exists")
+            if self._link_ok:
+                tmp = self._write_temp(full, data)
+                try:
+                    os.link(tmp, full)
+                except FileExistsError:
+                    raise AlreadyExistsError(f"create {where}: already exists") from None
+                except OSError as e:
+                    if e.errno not in _NO_LINK_ERRNOS:
+                        raise
+                    log.warning("%s: hard links unsupported (%s); create_if_absent falls back to "
+                                "O_EXCL and is no longer all-or-nothing", self.url, e)
+                    self._link_ok = False
+                else:
+                    self._sync_dir(os.path.dirname(full))
+                    return
+                finally:
+                    _unlink_quietly(tmp)
+            self._create_exclusive(full, data)
+
+    def _create_exclusive(self, full: str, data: bytes) -> None:
+        _ensure_dir(os.path.dirname(full))
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            self._write_fd(fd, data)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(full)  # we own it: nobody else could have created it
+            raise
+        os.close(fd)
+        self._sync_dir(os.path.dirname(full))
+
+    def replace(self, path: str, data: bytes) -> None:
+        full = self._abs(path)
+        with storage_errors("replace", self._where(path)):
+            tmp = self._write_temp(full, data)
+            try:
+                os.replace(tmp, full)
+            except BaseException:
+                _unlink_quietly(tmp)
+                raise
+            self._sync_dir(os.path.dirname(full))
+
+    def append(self, path: str, data: bytes) -> None:
+        full = self._abs(path)
+        with storage_errors("append", self._where(path)):
+            directory = os.path.dirname(full)
+            _ensure_dir(directory)
+            created = not os.path.exists(full)
+            fd = os.open(full, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                self._write_fd(fd, data)
+            finally:
+                os.close(fd)
+            if created:
+                self._sync_dir(directory)
+
+    def truncate(self, path: str, size: int) -> None:
+        if not isinstance(size, int) or size < 0:
+            raise InvalidConfigError(f"truncate size must be an int >= 0, got {size!r}")
+        full = self._abs(path)
+        where = self._where(path)
+        with storage_errors("truncate", where):
+            fd = os.open(full, os.O_WRONLY)
+            try:
+                current = os.fstat(fd).st_size
+                if size > current:
+                    raise InvalidConfigError(
+                        f"truncate {where}: size {size} is beyond the end ({current})")
+                if size < current:
+                    os.ftruncate(fd, size)
+                    if self._fsync:
+                        os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def _unlink(self, path: str, missing_ok: bool) -> str | None:
+        """Unlink without syncing; returns the directory to sync, None if nothing was there."""
+        full = self._abs(path)
+        where = self._where(path)
+        with storage_errors("delete", where):
+            try:
+                os.unlink(full)
+            except FileNotFoundError:
+                if not missing_ok:
+                    raise StorageNotFoundError(f"delete {where}: not found") from None
+                return None
+        return os.path.dirname(full)
+
+    def delete(self, path: str, missing_ok: bool = True) -> None:
+        directory = self._unlink(path, missing_ok)
+        if directory is not None:
+            with storage_errors("delete", self._where(path)):
+                self._sync_dir(directory)
+
+    def delete_many(self, paths) -> None:
+        dirs = {self._unlink(path, True) for path in paths}  # then one sync per directory
+        dirs.discard(None)
+        with storage_errors("delete_many", self.url):
+            for directory in sorted(dirs):
+                self._sync_dir(directory)
+
+    def delete_tree(self, dir_path: str) -> None:
+        full = self._abs(dir_path)  # not the root: wiping the whole store is not a tree delete
+        with storage_errors("delete_tree", self._where(dir_path)):
+            try:
+                shutil.rmtree(full)
+            except FileNotFoundError:
+                return
+            self._sync_dir(os.path.dirname(full))
+
+    def makedirs(self, dir_path: str) -> None:
+        with storage_errors("makedirs", self._where(dir_path)):
+            _ensure_dir(self._abs(dir_path, allow_root=True))
+
+
+def _ensure_dir(directory: str) -> None:
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except FileExistsError as e:  # a file is in the way: an error, never a lost create race
+        raise NotADirectoryError(errno.ENOTDIR, "a file is where a directory should be", directory) from e
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,55 @@
+"""Shared fixtures: the Kafka-written golden log dir and fresh copies of it."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "kafka-golden"
+if not GOLDEN.is_dir():  # CI clones the repo beside shared/; allow an override for other layouts
+    GOLDEN = Path(os.environ.get("KAFKALOG_GOLDEN", GOLDEN))
+
+CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) if GOLDEN.is_dir() else []
+DAMAGED = [c for c in CASES if (GOLDEN / c / "expected-recovery.json").exists()]
+UNDAMAGED = [c for c in CASES if c not in DAMAGED]
+
+
+def expected_records(case: str) -> list:
+    with open(GOLDEN / case / "expected.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def b64(b):
+    return None if b is None else base64.b64encode(b).decode("ascii")
+
+
+def record_json(r, segment=None) -> dict:
+    """A DecodedRecord in the golden expected.jsonl shape."""
+    out = {"offset": r.offset, "timestamp": r.timestamp, "timestampType": r.timestamp_type,
+           "magic": r.magic, "control": r.is_control, "transactional": r.is_transactional,
+           "producerId": r.producer_id, "key": b64(r.key), "value": b64(r.value),
+           "headers": [{"key": k, "value": b64(v)} for k, v in r.headers]}
+    if segment is not None:
+        out = {"segment": segment, **out}
+    return out
+
+
+@pytest.fixture
+def golden_copy(tmp_path):
+    """A writable copy of the golden log dir (the original is read-only ground truth)."""
+    dst = tmp_path / "golden"
+    shutil.copytree(GOLDEN, dst)
+    for root, dirs, files in os.walk(dst):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            os.chmod(p, os.stat(p).st_mode | stat.S_IWUSR)
+    return dst
+
+
+def pytest_report_header(config):
+    return f"kafka-golden: {GOLDEN} ({len(CASES)} cases)"

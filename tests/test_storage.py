@@ -1,0 +1,537 @@
+"""Contract tests for pyspark_kafkalog.storage, run over every backend.
+
+The S3 backend runs against a real moto server subprocess. Moto 5.2's PutObject honours
+``If-None-Match: *`` (412 PreconditionFailed, Condition=If-None-Match), which is what
+``S3Storage.create_if_absent`` relies on; the multi-process race test below checks it end to end.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pyspark_kafkalog.errors import (
+    AlreadyExistsError,
+    InvalidConfigError,
+    KafkaStorageError,
+    StorageNotFoundError,
+    UnsupportedOperationError,
+)
+from pyspark_kafkalog.storage import FileInfo, LocalStorage, Storage, open_storage
+
+REPO = Path(__file__).resolve().parents[1]
+BUCKET = "kafkalog-test"
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Moto's server checks If-None-Match and then stores the object as two steps with no lock between
+# them, and serves requests on threads: measured with 8 processes racing, about 1 round in 300 let
+# two conditional PUTs both succeed. Real S3 evaluates the condition atomically. So moto's own
+# entry point is run with requests served one at a time (threaded=False), which makes each request
+# atomic as on S3 and keeps the race test about our client rather than about moto's server.
+_MOTO_LAUNCHER = """
+import sys
+import moto.server
+_run_simple = moto.server.run_simple
+moto.server.run_simple = lambda *a, **kw: _run_simple(*a, **{**kw, "threaded": False})
+moto.server.main(sys.argv[1:])
+"""
+
+
+@pytest.fixture(scope="session")
+def moto_options(tmp_path_factory):
+    """A moto S3 server in a subprocess; the storage options that reach it."""
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _MOTO_LAUNCHER, "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=log, stderr=subprocess.STDOUT)
+    except OSError as e:
+        pytest.skip(f"moto server could not start: {e}")
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
+            break
+        except Exception as e:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.skip(f"moto server could not start (exit {proc.poll()}): {e}")
+            time.sleep(0.1)
+    import boto3  # the bucket is set up outside the code under test
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                 aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    yield {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
+           "client_kwargs": {"region_name": "us-east-1"}}
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@dataclass
+class Backend:
+    name: str
+    url: str
+    options: dict
+    storage: Storage
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def backend(request, tmp_path):
+    if request.param == "local":
+        url, options = str(tmp_path / "root"), {}
+    elif request.param == "memory":
+        url, options = f"memory://test-{uuid.uuid4().hex}", {}
+    else:
+        url, options = f"s3://{BUCKET}/t-{uuid.uuid4().hex}", request.getfixturevalue("moto_options")
+    b = Backend(request.param, url, options, open_storage(url, **options))
+    yield b
+    if request.param != "local":  # the memory store is process-global, the bucket session-wide
+        for d in b.storage.list_dirs(""):
+            b.storage.delete_tree(d)
+        b.storage.delete_many(f.name for f in b.storage.list(""))
+
+
+@pytest.fixture
+def storage(backend) -> Storage:
+    return backend.storage
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    return env
+
+
+# -- reads and listings -------------------------------------------------------------------------
+
+def test_ranged_reads(storage):
+    data = random.Random(1).randbytes(1000)
+    storage.replace("seg/file", data)
+    cases = [(0, None), (0, 1000), (0, 1), (10, 20), (999, None), (999, 1000), (1000, None),
+             (1000, 1001), (1200, None), (1200, 1300), (500, 2000), (5, 5), (0, 0), (1000, 1000)]
+    rng = random.Random(2)
+    cases += [(s, rng.choice([None, rng.randint(s, 1100)])) for s in (rng.randint(0, 1100) for _ in range(20))]
+    for start, end in cases:
+        assert storage.read("seg/file", start, end) == data[start:end], (start, end)
+    assert storage.size("seg/file") == 1000
+    storage.replace("empty", b"")
+    assert storage.read("empty") == b"" and storage.size("empty") == 0
+
+
+def test_read_bad_ranges_and_missing_files(storage):
+    storage.replace("f", b"abc")
+    for start, end in [(-1, None), (2, 1), (1.5, None)]:
+        with pytest.raises(InvalidConfigError):
+            storage.read("f", start, end)
+    for call in (lambda: storage.read("missing"), lambda: storage.read("missing", 1, 1),
+                 lambda: storage.read("missing", 5, 9), lambda: storage.size("missing"),
+                 lambda: storage.mtime("missing"), lambda: storage.size("d/missing")):
+        with pytest.raises(StorageNotFoundError) as info:
+            call()
+        assert "missing" in str(info.value)
+        assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, KafkaStorageError)
+
+
+def test_listing(storage):
+    for path, data in [("t-0/00000000000000000000.log", b"x" * 10), ("t-0/00000000000000000000.index", b""),
+                       ("t-0/leader-epoch-checkpoint", b"ab"), ("t-0/sub/deeper", b"1"),
+                       ("t-1/a", b"1"), ("top", b"123")]:
+        storage.replace(path, data)
+    assert storage.list("t-0") == [FileInfo("00000000000000000000.index", 0),
+                                   FileInfo("00000000000000000000.log", 10),
+                                   FileInfo("leader-epoch-checkpoint", 2)]
+    assert storage.list("t-0/") == storage.list("t-0")
+    assert storage.list_dirs("t-0") == ["sub"]
+    assert storage.list_dirs("") == ["t-0", "t-1"]
+    assert storage.list("") == [FileInfo("top", 3)]
+    assert storage.list("nope") == [] and storage.list_dirs("nope") == []
+    assert storage.list("t-0/sub/deeper/x") == []
+    assert storage.exists("top") and storage.exists("t-0/sub/deeper")
+    assert not storage.exists("t-0") and not storage.exists("t-0/sub") and not storage.exists("zzz")
+
+
+def test_mtime(storage):
+    before = time.time()
+    storage.replace("f", b"1")
+    assert before - 60 < storage.mtime("f") < time.time() + 60  # S3 has 1 s resolution, own clock
+
+
+# -- writes ---------------------------------------------------------------------------------------
+
+def test_replace_overwrites_whole_file(backend, storage):
+    storage.replace("d/f", b"first version, quite long")
+    storage.replace("d/f", b"second")
+    assert storage.read("d/f") == b"second"
+    assert storage.list("d") == [FileInfo("f", 6)]
+    if backend.name == "local":
+        assert os.listdir(Path(backend.storage.root) / "d") == ["f"]  # no temp file left
+
+
+def test_create_if_absent_conflict_keeps_original(storage):
+    storage.create_if_absent("p/epoch", b"writer-1")
+    with pytest.raises(AlreadyExistsError) as info:
+        storage.create_if_absent("p/epoch", b"writer-2")
+    assert isinstance(info.value, FileExistsError) and "p/epoch" in str(info.value)
+    assert storage.read("p/epoch") == b"writer-1"
+    assert storage.list("p") == [FileInfo("epoch", 8)]
+    storage.replace("p/epoch", b"w3")
+    assert storage.read("p/epoch") == b"w3"
+    storage.create_if_absent("p/empty", b"")
+    with pytest.raises(AlreadyExistsError):
+        storage.create_if_absent("p/empty", b"x")
+
+
+def test_create_if_absent_threads_one_winner(storage):
+    results = {}
+    barrier = threading.Barrier(8)
+
+    def attempt(i):
+        barrier.wait()
+        try:
+            storage.create_if_absent("race", f"t{i}".encode())
+            results[i] = "won"
+        except AlreadyExistsError:
+            results[i] = "lost"
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [i for i, r in results.items() if r == "won"]
+    assert len(results) == 8 and len(winners) == 1
+    assert storage.read("race") == f"t{winners[0]}".encode()
+
+
+_CREATE_CHILD = r"""
+import json, sys
+from pyspark_kafkalog.errors import AlreadyExistsError
+from pyspark_kafkalog.storage import open_storage
+storage = open_storage(sys.argv[1], **json.loads(sys.argv[2]))
+ident = sys.argv[3].encode()
+storage.exists("warm-up")  # connect before the race, not during it
+print("ready", flush=True)
+for line in sys.stdin:
+    try:
+        storage.create_if_absent(line.strip(), ident * 1000)
+        print("won", flush=True)
+    except AlreadyExistsError:
+        print("lost", flush=True)
+    except Exception as e:
+        print("error", type(e).__name__, str(e).replace("\n", " "), flush=True)
+"""
+
+
+def test_create_if_absent_processes_one_winner(backend, storage):
+    """8 real processes race on each of 10 paths: exactly one wins, its content is what is stored."""
+    if not storage.guarantees.multi_process:
+        pytest.skip(f"{backend.name} storage is not shared between processes")
+    procs = [subprocess.Popen([sys.executable, "-c", _CREATE_CHILD, backend.url, json.dumps(backend.options),
+                               f"w{i}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=_child_env(), cwd=REPO) for i in range(8)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        for r in range(10):
+            path = f"race/{r}/marker"
+            for p in procs:  # all children are blocked on stdin: this releases them together
+                p.stdin.write(path + "\n")
+                p.stdin.flush()
+            results = [p.stdout.readline().strip() for p in procs]
+            assert sorted(results) == ["lost"] * 7 + ["won"], results
+            assert storage.read(path) == f"w{results.index('won')}".encode() * 1000
+    finally:
+        for p in procs:
+            p.stdin.close()
+        for p in procs:
+            p.wait(10)
+
+
+def test_concurrent_readers_never_see_partial_replace(storage):
+    versions = [bytes([i]) * (50_000 + i * 7_000) for i in range(4)]
+    storage.replace("f", versions[0])
+    stop = threading.Event()
+    bad = []
+
+    def reader():
+        while not stop.is_set():
+            data = storage.read("f")
+            if data not in versions:
+                bad.append(len(data))
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for t in readers:
+        t.start()
+    deadline = time.monotonic() + 0.7
+    i = 0
+    while time.monotonic() < deadline:
+        i += 1
+        storage.replace("f", versions[i % 4])
+    stop.set()
+    for t in readers:
+        t.join()
+    assert not bad
+
+
+def test_append(storage):
+    if not storage.guarantees.append:
+        storage.replace("log", b"abc")
+        with pytest.raises(UnsupportedOperationError):
+            storage.append("log", b"def")
+        assert storage.read("log") == b"abc"
+        return
+    storage.append("d/log", b"abc")  # creates
+    storage.append("d/log", b"def")
+    storage.append("d/log", b"")
+    assert storage.read("d/log") == b"abcdef" and storage.list("d") == [FileInfo("log", 6)]
+
+
+def test_truncate(storage):
+    data = bytes(range(100))
+    storage.replace("seg", data)
+    storage.truncate("seg", 40)
+    assert storage.read("seg") == data[:40] and storage.size("seg") == 40
+    storage.truncate("seg", 40)
+    assert storage.read("seg") == data[:40]
+    with pytest.raises(InvalidConfigError):
+        storage.truncate("seg", 41)
+    with pytest.raises(InvalidConfigError):
+        storage.truncate("seg", -1)
+    with pytest.raises(StorageNotFoundError):
+        storage.truncate("missing", 0)
+    storage.truncate("seg", 0)
+    assert storage.read("seg") == b""
+    if storage.guarantees.append:  # appends continue at the new end
+        storage.append("seg", b"xy")
+        assert storage.read("seg") == b"xy"
+
+
+def test_delete(storage):
+    for p in ("a/1", "a/2", "a/b/3", "c"):
+        storage.replace(p, p.encode())
+    storage.delete("c")
+    storage.delete("c")  # missing is fine by default
+    with pytest.raises(StorageNotFoundError):
+        storage.delete("c", missing_ok=False)
+    storage.delete_many(["a/1", "a/missing"])
+    assert storage.list("a") == [FileInfo("2", 3)]
+    storage.delete_many([])
+    storage.replace("ab", b"not under a/")
+    storage.delete_tree("a")
+    storage.delete_tree("a")
+    assert storage.list("a") == [] and storage.list_dirs("a") == [] and not storage.exists("a/b/3")
+    assert storage.read("ab") == b"not under a/"
+    with pytest.raises(InvalidConfigError):
+        storage.delete_tree("")
+
+
+def test_makedirs(storage):
+    storage.makedirs("x/y")
+    storage.makedirs("x/y")
+    storage.replace("x/y/f", b"1")
+    assert storage.list_dirs("x") == ["y"]
+
+
+BAD_PATHS = ["/etc/passwd", "../escape", "a/../../escape", "a/..", "a//b", ".", "a/./b", "a\\b",
+             "*", "a/[x]", "nul\x00"]
+
+
+def test_paths_cannot_escape_root(backend, storage, tmp_path):
+    ops = [lambda p: storage.read(p), lambda p: storage.size(p), lambda p: storage.exists(p),
+           lambda p: storage.mtime(p), lambda p: storage.create_if_absent(p, b"x"),
+           lambda p: storage.replace(p, b"x"), lambda p: storage.append(p, b"x"),
+           lambda p: storage.truncate(p, 0), lambda p: storage.delete(p), lambda p: storage.list(p),
+           lambda p: storage.list_dirs(p), lambda p: storage.delete_tree(p), lambda p: storage.makedirs(p),
+           lambda p: storage.delete_many([p]), lambda p: storage.cleanup_temp_files(p, 0)]
+    for path in BAD_PATHS + [""]:
+        for i, op in enumerate(ops):
+            if path == "" and i in (9, 10, 12, 14):  # "" is the root directory, fine to list
+                continue
+            with pytest.raises(InvalidConfigError):
+                op(path)
+    for bad in (None, 3, b"bytes"):
+        with pytest.raises(InvalidConfigError):
+            storage.read(bad)
+    if backend.name == "local":
+        assert sorted(os.listdir(tmp_path)) == ["root"] and not os.listdir(tmp_path / "root")
+    assert storage.list("") == [] and storage.list_dirs("") == []
+
+
+# -- temp files -----------------------------------------------------------------------------------
+
+def test_temp_files_hidden_and_cleaned(backend, storage):
+    assert Storage.is_temp_name(".00000000000000000000.log.tmp-0123456789abcdef")
+    assert Storage.is_temp_name("dir/.x.tmp-0123456789abcdef")
+    for name in ("x.tmp-0123456789abcdef", ".x.tmp-0123", ".x.tmp-0123456789ABCDEF", "x", ".x"):
+        assert not Storage.is_temp_name(name), name
+    storage.replace("p/real", b"1")
+    leftover = ".real.tmp-00112233445566ff"
+    if backend.name == "local":  # what a writer killed before publishing leaves behind
+        (Path(storage.root) / "p" / leftover).write_bytes(b"partial")
+    else:
+        storage.replace(f"p/{leftover}", b"partial")
+    assert storage.list("p") == [FileInfo("real", 1)]
+    assert storage.cleanup_temp_files("p", older_than_s=3600) == []  # may be a live writer's
+    assert storage.cleanup_temp_files("p", older_than_s=0) == [leftover]
+    assert storage.cleanup_temp_files("p", older_than_s=0) == []
+    assert storage.list("p") == [FileInfo("real", 1)]
+    assert storage.cleanup_temp_files("missing", 0) == []
+    with pytest.raises(InvalidConfigError):
+        storage.cleanup_temp_files("p", -1)
+    if backend.name == "local":
+        assert os.listdir(Path(storage.root) / "p") == ["real"]
+
+
+def test_storage_pickles(backend, storage):
+    storage.replace("f", b"shared")
+    clone = pickle.loads(pickle.dumps(storage))
+    assert clone.url == storage.url and clone.guarantees == storage.guarantees
+    assert clone.read("f") == b"shared"
+
+
+# -- local specifics: kill -9 ---------------------------------------------------------------------
+
+_KILL_CHILD = r"""
+import hashlib, random, struct, sys
+from pyspark_kafkalog.storage import open_storage
+storage = open_storage(sys.argv[1])
+seed = int(sys.argv[2])
+rng = random.Random(seed)
+def version(i):
+    n = rng.randint(0, 400_000)
+    body = struct.pack(">QI", i, n) + rng.randbytes(n)
+    return body + hashlib.sha256(body).digest()
+i = 0
+while True:
+    storage.replace("state", version(i))
+    if i == 0:
+        print("ready", flush=True)
+    storage.create_if_absent(f"created/{seed}-{i}", version(i))
+    i += 1
+"""
+
+
+def _check_version(data: bytes) -> None:
+    assert len(data) >= 12 + 32, len(data)
+    _, n = struct.unpack(">QI", data[:12])
+    assert len(data) == 12 + n + 32, (len(data), n)
+    assert hashlib.sha256(data[:-32]).digest() == data[-32:]
+
+
+def test_kill9_during_writes_never_leaves_partial_file(tmp_path):
+    """A writer SIGKILLed at random moments: 'state' and every created file is always whole."""
+    root = tmp_path / "root"
+    storage = open_storage(str(root))  # fsync on, as in production: slower writes, wider windows
+    rng = random.Random(7)
+    leftovers = 0
+    for seed in range(12):
+        child = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, str(root), str(seed)],
+                                 stdout=subprocess.PIPE, text=True, env=_child_env(), cwd=REPO)
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.12))
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        child.stdout.close()
+        _check_version(storage.read("state"))
+        for f in storage.list("created"):
+            _check_version(storage.read(f"created/{f.name}"))
+        leftovers += sum(Storage.is_temp_name(n) for d in (root, root / "created") if d.exists()
+                         for n in os.listdir(d))
+    assert storage.list("") == [FileInfo("state", storage.size("state"))]
+    storage.cleanup_temp_files("", 0)
+    storage.cleanup_temp_files("created", 0)
+    raw = os.listdir(root) + os.listdir(root / "created")
+    assert not [n for n in raw if n.startswith(".")], raw
+    print(f"temp files left by killed writers (then cleaned): {leftovers}")
+
+
+def test_local_create_falls_back_without_hard_links(tmp_path, monkeypatch):
+    storage = open_storage(f"file://{tmp_path}/root", fsync=False)
+    assert isinstance(storage, LocalStorage) and storage.guarantees.atomic_create_if_absent
+
+    def no_link(src, dst):
+        raise OSError(1, "Operation not permitted")  # EPERM, as FAT or some FUSE mounts answer
+
+    monkeypatch.setattr(os, "link", no_link)
+    storage.create_if_absent("a/f", b"data")
+    with pytest.raises(AlreadyExistsError):
+        storage.create_if_absent("a/f", b"other")
+    assert storage.read("a/f") == b"data" and os.listdir(tmp_path / "root" / "a") == ["f"]
+    assert not storage.guarantees.atomic_create_if_absent
+
+
+def test_local_errors_are_wrapped_with_path(tmp_path):
+    storage = open_storage(str(tmp_path))
+    storage.makedirs("dir")
+    with pytest.raises(KafkaStorageError, match="dir"):
+        storage.read("dir")
+    storage.replace("file", b"1")
+    for op in (storage.replace, storage.append, storage.create_if_absent):
+        with pytest.raises(KafkaStorageError, match="file/x") as info:
+            op("file/x", b"1")  # a file where a directory should be
+        assert not isinstance(info.value, AlreadyExistsError)  # not a lost race
+    assert storage.read("file") == b"1"
+
+
+# -- open_storage -----------------------------------------------------------------------------------
+
+def test_open_storage_urls(tmp_path, monkeypatch):
+    a = open_storage(f"file://{tmp_path}/a")
+    assert isinstance(a, LocalStorage) and a.url == f"file://{tmp_path}/a" and (tmp_path / "a").is_dir()
+    monkeypatch.chdir(tmp_path)
+    b = open_storage("rel/dir", fsync=False)
+    assert b.url == f"file://{tmp_path}/rel/dir" and (tmp_path / "rel" / "dir").is_dir()
+    assert not b.guarantees.durable_on_return and a.guarantees.durable_on_return
+    name = f"m-{uuid.uuid4().hex}"
+    m1, m2 = open_storage(f"memory://{name}"), open_storage(f"memory://{name}", fsync=False)
+    m1.replace("f", b"1")
+    assert m2.read("f") == b"1" and not open_storage(f"memory://{name}-other").exists("f")
+    m1.delete("f")
+    for url, opts in [("memory://", {}), ("s3://", {}), ("file://otherhost/x", {}), ("", {}),
+                      ("nosuchproto://x", {}), (str(tmp_path), {"bogus": 1}), ("memory://x", {"bogus": 1})]:
+        with pytest.raises(InvalidConfigError):
+            open_storage(url, **opts)
+
+
+def test_generic_fsspec_backend_claims_nothing_and_refuses_create():
+    from pyspark_kafkalog.storage.fsspec_backends import FsspecStorage
+    fs = open_storage(f"memory://g-{uuid.uuid4().hex}").fs
+    generic = FsspecStorage(fs, f"/generic-{uuid.uuid4().hex}", "memory://generic")
+    assert not any(v for k, v in vars(generic.guarantees).items() if k != "multi_process")
+    with pytest.raises(UnsupportedOperationError):
+        generic.create_if_absent("f", b"1")
+    with pytest.raises(UnsupportedOperationError):
+        generic.append("f", b"1")
+    generic.replace("d/f", b"12345")
+    generic.truncate("d/f", 2)
+    assert generic.read("d/f") == b"12" and generic.list("d") == [FileInfo("f", 2)]
+    generic.delete_tree("d")
+    assert generic.list("d") == []
