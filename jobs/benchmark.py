@@ -542,14 +542,15 @@ def profile_decode(name, buf, magic, codec, *, crc, repeat, top) -> dict:
                      "tottime_s": tt, "cumtime_s": ct, "tottime_share": tt / total_tt})
     rows.sort(key=lambda r: r["tottime_s"], reverse=True)
 
-    def cum(label_part):
-        return max((r["cumtime_s"] for r in rows if label_part in r["function"]), default=0.0)
+    def cum_share(file_part, func):
+        return sum(r["cumtime_s"] for r in rows
+                   if file_part in r["function"] and r["function"].endswith(f"({func})")) / total_tt
 
     profiled = {"total_s": total_tt,
-                "codecs.decompress_cum_share": cum("codecs.py:") and
-                cum("codecs.py:") / total_tt,
-                "scan_v2_cum_share": cum("_scan_v2") / total_tt,
-                "validate_cum_share": cum("batch.py:") and cum("(validate)") / total_tt}
+                "decompress_cum_share": cum_share("format/codecs.py", "decompress"),
+                "scan_v2_cum_share": cum_share("format/columnar.py", "_scan_v2"),
+                "validate_cum_share": cum_share("format/batch.py", "validate"),
+                "iter_headers_cum_share": cum_share("format/batch.py", "iter_headers")}
 
     headers = list(iter_headers(buf))
     payloads = compressed_payloads(buf, magic) if (codec or magic == 2) else []
@@ -668,6 +669,12 @@ def render_profile(name: str, prof: dict) -> str:
     out.append("  unprofiled breakdown (each stage timed alone):")
     for stage, v in prof["breakdown"].items():
         out.append(f"    {stage:<42} {v['s']:8.3f}s  {100 * v['share']:5.1f}%")
+    pr = prof["profiled"]
+    out.append(f"  under cProfile, cumulative shares: codecs.decompress "
+               f"{100 * pr['decompress_cum_share']:.1f}%, _scan_v2 (record loop) "
+               f"{100 * pr['scan_v2_cum_share']:.1f}%, CRC validate "
+               f"{100 * pr['validate_cum_share']:.1f}%, iter_headers "
+               f"{100 * pr['iter_headers_cum_share']:.1f}%")
     out.append("  cProfile top functions by own time (cProfile inflates call-heavy code):")
     rows = [[r["function"][:90], f"{r['ncalls']:,}", f"{r['tottime_s']:.3f}",
              f"{100 * r['tottime_share']:.1f}%", f"{r['cumtime_s']:.3f}"] for r in prof["top"]]

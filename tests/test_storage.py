@@ -71,10 +71,11 @@ def moto_options(tmp_path_factory):
     except OSError as e:
         pytest.skip(f"moto server could not start: {e}")
     endpoint = f"http://127.0.0.1:{port}"
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + 20
     while True:
         try:
-            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
+            no_proxy.open(endpoint + "/moto-api/", timeout=1).close()
             break
         except Exception as e:
             if proc.poll() is not None or time.monotonic() > deadline:

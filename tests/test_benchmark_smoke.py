@@ -1,0 +1,60 @@
+"""Smoke test for jobs/benchmark.py: the ``format`` section runs end to end on a tiny workload.
+
+It proves the script works (CLI, every case, cross-checks, table, JSON, profile mode); it never
+asserts on speed. Performance is measured on demand by running the script itself.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "jobs" / "benchmark.py"
+CASES = ["v2-none", "v2-gzip", "v2-snappy", "v2-lz4", "v2-zstd", "v1-none", "v1-gzip"]
+
+
+def _positive(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x) and x > 0
+
+
+def test_format_section_runs_on_a_tiny_workload(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "format", "--records", "120", "--value-bytes", "40",
+         "--key-bytes", "8", "--batch-records", "25", "--repeat", "1", "--profile",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=str(SCRIPT.parents[1]))
+    assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout}\n{proc.stderr}"
+    text = proc.stdout
+    assert "DECODE" in text and "ENCODE" in text and "PROFILE our decode, v2-lz4" in text
+    for case in CASES:
+        assert case in text
+
+    res = json.loads(out.read_text())
+    assert res["section"] == "format"
+    assert res["params"]["records"] == 120 and res["params"]["batches"] == 5
+    assert res["checks"] == {case: "ok" for case in CASES}, res["checks"]
+    assert [d["case"] for d in res["decode"]] == CASES
+    assert [e["case"] for e in res["encode"]] == CASES
+    for row in res["decode"] + res["encode"]:
+        assert row["records"] == 120
+        assert _positive(row["ours_s"]) and _positive(row["ours_records_per_s"])
+        assert _positive(row["ours_payload_MB_per_s"])
+        assert _positive(row["kp_s"]), f"kafka-python side missing for {row['case']}"
+        assert _positive(row["ratio_ours_over_kp"])
+    for row in res["decode"]:
+        if row["case"] == "v1-none":  # no compressed payloads to decompress
+            assert row["ours_decompress_s"] is None
+        else:
+            assert _positive(row["ours_decompress_s"])
+    assert set(res["profile"]) == {"v2-none", "v2-lz4"}
+    for prof in res["profile"].values():
+        assert prof["top"] and prof["breakdown"]
+
+
+def test_unknown_case_is_rejected():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "format", "--cases", "v9-brotli"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "unknown case" in (proc.stdout + proc.stderr)
