@@ -53,7 +53,7 @@ from kafka.record.util import calc_crc32, calc_crc32c
 
 from pyspark_kafkalog.format.codecs import CODEC_NAMES, GZIP, LZ4, NONE, SNAPPY, ZSTD
 from pyspark_kafkalog.format.columnar import decode_records
-from pyspark_kafkalog.format.encode import (EncodedBatch, assign_log_append_time, assign_offsets,
+from pyspark_kafkalog.format.encode import (assign_log_append_time, assign_offsets,
                                             encode_batch_v2, encode_control_batch,
                                             encode_message_set, encode_records)
 from pyspark_kafkalog.format.records import (CONTROL_ABORT, CONTROL_COMMIT, CREATE_TIME,
@@ -369,10 +369,14 @@ def test_we_write_kafka_python_reads(magic, codec, ts_type, stamp_after):
 
 @pytest.mark.parametrize("magic,codec", MATRIX, ids=MATRIX_IDS)
 def test_we_write_at_offset_zero_kafka_python_reads(magic, codec):
-    """No assign_offsets at all: the encoder's own base_offset (0 and a large one)."""
+    """No assign_offsets at all: the encoders' own base_offset (0 and a large one), called
+    directly rather than through encode_records."""
     for base in (0, 2**40):
         recs = corpus(magic)[0]
-        b = encode_records(recs, magic=magic, compression=codec, base_offset=base)
+        if magic == 2:
+            b = encode_batch_v2(recs, compression=codec, base_offset=base)
+        else:
+            b = encode_message_set(recs, magic=magic, compression=codec, base_offset=base)
         assert_same_everywhere(b.data, expected_rows([recs], magic, base))
 
 
@@ -393,6 +397,18 @@ def test_we_write_v2_batch_fields_kafka_python_reads(codec):
     assert_same_everywhere(g.data, want)
     (_, kg), = kp_batches(g.data)
     assert kg.last_offset == 51
+
+
+@pytest.mark.parametrize("magic,codec", MATRIX, ids=MATRIX_IDS)
+def test_payloads_spanning_codec_blocks_both_ways(magic, codec):
+    """~170 KB per batch: several 64 KiB lz4 blocks and 32 KiB xerial snappy chunks."""
+    ts = 1_700_000_000_000 if magic else -1
+    recs = [Record(b"r%d" % i, v, ts + i if magic else -1, HEADERS[:2] if magic == 2 else ())
+            for i, v in enumerate([BIG_RANDOM, BIG_TEXT, BIG_RANDOM, BIG_TEXT, BIG_TEXT, BIG_RANDOM,
+                                   BIG_TEXT])]
+    want = expected_rows([recs, recs], magic, 10)
+    assert_same_everywhere(kp_write_log(magic, codec, [recs, recs], first_offset=10), want)
+    assert_same_everywhere(our_write_log(magic, codec, [recs, recs], 10)[0], want)
 
 
 def test_we_write_control_batches_kafka_python_reads():

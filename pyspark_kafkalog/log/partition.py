@@ -178,9 +178,9 @@ class PartitionLog:
         Returns ``(offset, record timestamp)`` or None when no record qualifies.
         """
         start = self.log_start_offset
-        for seg in self.segments:
-            if seg.next_offset() <= start:
-                continue
+        for i, seg in enumerate(self.segments):
+            if i + 1 < len(self.segments) and self.segments[i + 1].base_offset <= start:
+                continue   # wholly below the log start offset
             if seg.largest_timestamp() >= timestamp:
                 found = seg.find_offset_by_timestamp(timestamp, start)
                 if found is not None:
