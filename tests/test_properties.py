@@ -24,7 +24,7 @@ import tempfile
 from typing import List, NamedTuple, Optional
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, event, given, settings, target
 from hypothesis import strategies as st
 
 from pyspark_kafkalog.errors import KafkaLogError
@@ -303,6 +303,10 @@ def test_assign_offsets_leader_epoch_does_not_depend_on_shift(spec, distance):
 
 # -- partition log ---------------------------------------------------------------------------------
 
+small_header = st.tuples(st.text(max_size=4),
+                         st.one_of(st.none(), st.just(b""), st.binary(max_size=8)))
+
+
 class Spec(NamedTuple):
     magic: int
     compression: int
@@ -318,7 +322,7 @@ def log_batches(draw, magics=(1, 2), ts=st.integers(T0, T0 + 400)):
     n = draw(st.integers(1, 6))
     recs = draw(st.lists(st.builds(Record, st.one_of(st.none(), st.binary(max_size=12)),
                                    st.one_of(st.none(), st.binary(max_size=40)), ts,
-                                   st.lists(header, max_size=2).map(tuple) if magic == 2
+                                   st.lists(small_header, max_size=2).map(tuple) if magic == 2
                                    else st.just(())),
                          min_size=n, max_size=n))
     deltas = draw(offset_deltas(n)) if magic == 2 else None
@@ -328,13 +332,16 @@ def log_batches(draw, magics=(1, 2), ts=st.integers(T0, T0 + 400)):
 @st.composite
 def log_configs(draw):
     return LogConfig.from_properties({
-        "segment.bytes": draw(st.integers(1500, 4000)),
+        "segment.bytes": draw(st.integers(900, 2500)),   # a batch here is at most ~850 bytes
         "index.interval.bytes": draw(st.integers(0, 400)),
         "segment.ms": draw(st.sampled_from([150, 7 * 24 * 3600 * 1000])),
     })
 
 
-appends = st.lists(st.lists(log_batches(), min_size=1, max_size=3), min_size=1, max_size=12)
+def appends(magics=(1, 2), min_size=3, max_size=16):
+    """Append calls, each of 1-4 batches."""
+    return st.lists(st.lists(log_batches(magics), min_size=1, max_size=4), min_size=min_size,
+                    max_size=max_size)
 
 
 def encode_spec(spec: Spec) -> EncodedBatch:
@@ -349,7 +356,7 @@ class Model:
 
     def __init__(self):
         self.records: List[tuple] = []   # (offset, ts, ts_type, key, value, headers)
-        self.batches: List[tuple] = []   # (base, last)
+        self.batches: List[tuple] = []   # (base, last) of every log entry
 
     def append(self, first_offset: int, specs) -> int:
         nxt = first_offset
@@ -359,7 +366,10 @@ class Model:
                 tt = NO_TIMESTAMP_TYPE if spec.magic == 0 else CREATE_TIME
                 self.records.append((nxt + d, r.timestamp if spec.magic else -1, tt, r.key,
                                      r.value, tuple(r.headers)))
-            self.batches.append((nxt, nxt + deltas[-1]))
+            if spec.magic < 2 and not spec.compression:   # one entry per message
+                self.batches.extend((nxt + d, nxt + d) for d in deltas)
+            else:
+                self.batches.append((nxt, nxt + deltas[-1]))
             nxt += deltas[-1] + 1
         return nxt
 
@@ -397,6 +407,16 @@ def assert_indexes_rebuilt(log: PartitionLog, when: str) -> None:
             f"{when}: {seg} .timeindex != rebuilt")
 
 
+def shape(log: PartitionLog) -> None:
+    """Steer generation towards logs with many segments and index entries."""
+    segs = len(log.segments)
+    entries = sum(len(log.storage.read(s.path(".index"))) // 8 for s in log.segments)
+    target(float(segs), label="segments")
+    target(float(entries), label="offset index entries")
+    event(f"segments: {min(segs, 8)}{'+' if segs >= 8 else ''}")
+    event(f"index entries: {min(entries, 10)}{'+' if entries >= 10 else ''}")
+
+
 def new_log(tmp: str, config: LogConfig) -> PartitionLog:
     return PartitionLog(open_storage(tmp, fsync=False), "prop-0", config)
 
@@ -410,13 +430,14 @@ def ts_targets(model: Model, extra: list) -> list:
 
 
 @examples(40)
-@given(log_configs(), appends, st.lists(st.integers(T0 - 10, T0 + 410), max_size=5),
+@given(log_configs(), appends(), st.lists(st.integers(T0 - 10, T0 + 410), max_size=5),
        st.data())
 def test_offset_for_timestamp_matches_brute_force(config, ops, extra_targets, data):
     with tempfile.TemporaryDirectory() as tmp:
         log, model = new_log(tmp, config), Model()
         for specs in ops:
             append(log, model, specs)
+        shape(log)
         targets = ts_targets(model, extra_targets)
         for t in targets:
             assert log.offset_for_timestamp(t) == model.first_at_or_after(t, 0), f"target {t}"
@@ -436,13 +457,13 @@ def test_offset_for_timestamp_matches_brute_force(config, ops, extra_targets, da
 
 
 @examples(40)
-@given(log_configs(), st.lists(st.lists(log_batches(magics=(0, 1, 2)), min_size=1, max_size=3),
-                               min_size=1, max_size=12), st.data())
+@given(log_configs(), appends(magics=(0, 1, 2)), st.data())
 def test_read_columns_matches_brute_force(config, ops, data):
     with tempfile.TemporaryDirectory() as tmp:
         log, model = new_log(tmp, config), Model()
         for specs in ops:
             append(log, model, specs)
+        shape(log)
         assert all_rows(log) == model.records
         leo = log.log_end_offset
         assert columns_rows(log.read_columns(0)) == model.records
@@ -456,14 +477,14 @@ def test_read_columns_matches_brute_force(config, ops, data):
 
 
 @examples(40)
-@given(log_configs(), st.lists(st.lists(log_batches(magics=(0, 1, 2)), min_size=1, max_size=3),
-                               min_size=1, max_size=10), st.data())
+@given(log_configs(), appends(magics=(0, 1, 2), max_size=12), st.data())
 def test_indexes_and_truncate_to(config, ops, data):
     with tempfile.TemporaryDirectory() as tmp:
         log, model = new_log(tmp, config), Model()
         for i, specs in enumerate(ops):
             append(log, model, specs)
             assert_indexes_rebuilt(log, f"after append #{i}")
+        shape(log)
         entries = [(seg.base_offset, h) for seg in log.segments
                    for h in iter_headers(log.storage.read(seg.log_path))]
         assert [h.last_offset for _, h in entries] == [b[1] for b in model.batches]
@@ -491,8 +512,7 @@ def test_indexes_and_truncate_to(config, ops, data):
         # a fresh reader sees the same log end, and appending continues from it
         reopened = PartitionLog(log.storage, "prop-0", config)
         assert reopened.log_end_offset == log.log_end_offset
-        more = data.draw(st.lists(st.lists(log_batches(magics=(0, 1, 2)), min_size=1,
-                                           max_size=3), min_size=1, max_size=3), label="more")
+        more = data.draw(appends(magics=(0, 1, 2), min_size=1, max_size=3), label="more")
         for specs in more:
             append(reopened, model, specs)
             assert_indexes_rebuilt(reopened, "after truncate + append")

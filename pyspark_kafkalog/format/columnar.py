@@ -18,7 +18,7 @@ from .batch import (LOG_OVERHEAD, RECORD_OVERHEAD_V0, V2_HEADER_SIZE, BatchHeade
                     iter_headers, validate as validate_batch)
 from .records import (COMPRESSION_MASK, CREATE_TIME, LOG_APPEND_TIME, MAGIC_V1, MAGIC_V2,
                       NO_TIMESTAMP, NO_TIMESTAMP_TYPE, TIMESTAMP_TYPE_BIT, DecodedRecord)
-from .varint import decode_varint
+from .varint import decode_varint, wrap_int64
 
 _LEGACY = struct.Struct(">qiIbb")
 _I32 = struct.Struct(">i")
@@ -152,7 +152,10 @@ def _scan_v2(blob: bytes, count: int, base_offset: int, base_ts: int, ts_type: i
                 raise CorruptRecordError("record fields do not add up to its declared length")
             hcounts.append(nh if with_headers else 0)
             offsets.append(base_offset + off_delta)
-            timestamps.append(max_ts if log_append else base_ts + ts_delta)
+            try:
+                timestamps.append(max_ts if log_append else base_ts + ts_delta)
+            except OverflowError:   # Java's long arithmetic wraps; so does the format
+                timestamps.append(wrap_int64(base_ts + ts_delta))
             ts_types.append(ts_type)
     except IndexError:
         raise CorruptRecordError("record runs past the end of its batch") from None

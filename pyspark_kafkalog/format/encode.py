@@ -17,7 +17,7 @@ from .crc import crc32, crc32c
 from .records import (CONTROL_BIT, CREATE_TIME, DELETE_HORIZON_BIT, LOG_APPEND_TIME, MAGIC_V0,
                       MAGIC_V1, MAGIC_V2, NO_TIMESTAMP, TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT,
                       Record)
-from .varint import encode_varint
+from .varint import encode_varint, wrap_int64
 
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
@@ -82,8 +82,8 @@ def encode_batch_v2(records: Sequence[Record], *, base_offset: int = 0, compress
     for rec, delta in zip(records, offset_deltas):
         if rec.timestamp > max_ts:
             max_ts, max_delta = rec.timestamp, delta
-        body.append(_encode_v2_record(delta, rec.timestamp - base_ts, rec.key, rec.value,
-                                      rec.headers))
+        body.append(_encode_v2_record(delta, wrap_int64(rec.timestamp - base_ts), rec.key,
+                                      rec.value, rec.headers))
     payload = b"".join(body)
     if compression:
         payload = codecs.compress(compression, payload, MAGIC_V2)

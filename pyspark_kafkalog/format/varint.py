@@ -9,6 +9,11 @@ from __future__ import annotations
 from ..errors import CorruptRecordError
 
 
+def wrap_int64(n: int) -> int:
+    """Two's-complement wrap to a Java long: Kafka computes timestamp deltas in long arithmetic."""
+    return ((n + 2**63) % 2**64) - 2**63
+
+
 def zigzag_encode(n: int) -> int:
     return (n << 1) ^ (n >> 63)
 
