@@ -139,3 +139,21 @@ def test_root_checkpoints_match_the_logs():
         assert lso[(topic, 0)] == exp[0]["offset"]
         assert logdir.open_partition(topic, 0).log_start_offset == exp[0]["offset"]
     assert sorted(t for t, _ in logdir.partitions()) == sorted(c[:-2] for c in CASES)
+
+
+@pytest.mark.parametrize("case", ["m2-gzip-create-0", "txn-v2-none-0", "m0-snappy-notime-0"])
+def test_arrow_columns_match_rows(case):
+    from pyspark_kafkalog.format.columnar import decode_columns, to_arrow
+    seg = _segments(case)[0].read_bytes()
+    rows = decode_records(seg)
+    table = to_arrow(decode_columns(seg), batch_fields=True)
+    assert table.num_rows == len(rows)
+    assert table.column("offset").to_pylist() == [r.offset for r in rows]
+    assert table.column("timestamp").to_pylist() == [r.timestamp for r in rows]
+    assert table.column("timestampType").to_pylist() == [r.timestamp_type for r in rows]
+    assert table.column("key").to_pylist() == [r.key for r in rows]
+    assert table.column("value").to_pylist() == [r.value for r in rows]
+    assert table.column("headers").to_pylist() == [
+        [{"key": k, "value": v} for k, v in r.headers] for r in rows]
+    assert table.column("isControl").to_pylist() == [r.is_control for r in rows]
+    assert table.column("producerId").to_pylist() == [r.producer_id for r in rows]

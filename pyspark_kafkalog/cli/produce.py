@@ -136,7 +136,7 @@ def run(args) -> int:
     leader_epoch = DEFAULT_LEADER_EPOCH if magic >= 2 else -1
     result = log.append(encoded, leader_epoch=leader_epoch, now_ms=now_ms)
     if magic < 2:  # leader epochs still name the epoch of the writer for magic 0/1 logs
-        log._assign_leader_epoch(DEFAULT_LEADER_EPOCH, result.first_offset)
+        log.assign_leader_epoch(DEFAULT_LEADER_EPOCH, result.first_offset)
     leo = result.last_offset + 1
     logdir.update_partition_state((args.topic, args.partition), high_watermark=leo,
                                   log_start_offset=log.log_start_offset, recovery_point=leo)

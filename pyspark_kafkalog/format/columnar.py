@@ -319,3 +319,44 @@ def decode_records(buf, start: int = 0, end: Optional[int] = None, **kwargs) -> 
     return out
 
 
+
+
+def to_arrow(cols: Columns, *, with_headers: bool = True, batch_fields: bool = False):
+    """Arrow arrays for the decoded columns, without a Python object per row for fixed-width
+    columns (``array`` buffers are handed to Arrow through numpy without copying).
+
+    Returns a ``pyarrow.Table`` with ``offset`` (int64), ``timestamp`` (int64, ms),
+    ``timestampType`` (int32), ``key``/``value`` (binary) and, when asked, ``headers``
+    (list<struct<key: string, value: binary>>) and the batch-level fields.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(cols)
+    arrays = {
+        "key": pa.array(cols.key, type=pa.binary()),
+        "value": pa.array(cols.value, type=pa.binary()),
+        "offset": pa.array(np.frombuffer(cols.offset, dtype=np.int64) if n else [], pa.int64()),
+        "timestamp": pa.array(np.frombuffer(cols.timestamp, dtype=np.int64) if n else [],
+                              pa.int64()),
+        "timestampType": pa.array(np.frombuffer(cols.timestamp_type, dtype=np.int8).astype(
+            np.int32) if n else [], pa.int32()),
+    }
+    if with_headers:
+        counts = np.frombuffer(cols.header_count, dtype=np.int32) if n else np.zeros(0, np.int32)
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        entries = pa.StructArray.from_arrays(
+            [pa.array(cols.header_key, pa.string()), pa.array(cols.header_value, pa.binary())],
+            names=["key", "value"])
+        arrays["headers"] = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), entries)
+    if batch_fields:
+        counts = np.frombuffer(cols.batch_counts, dtype=np.int64) if cols.batches else []
+        fields = list(zip(*cols.batches)) if cols.batches else [()] * 7
+        for name, idx, typ in (("magic", 0, pa.int8()), ("isControl", 1, pa.bool_()),
+                               ("isTransactional", 2, pa.bool_()), ("producerId", 3, pa.int64()),
+                               ("producerEpoch", 4, pa.int16()),
+                               ("partitionLeaderEpoch", 5, pa.int32())):
+            arrays[name] = pa.array(np.repeat(np.asarray(fields[idx]), counts)
+                                    if cols.batches else [], typ)
+    return pa.table(arrays)

@@ -269,7 +269,7 @@ class PartitionLog:
         flush()
         result.last_offset = next_offset - 1
         if leader_epoch >= 0:
-            self._assign_leader_epoch(leader_epoch, first)
+            self.assign_leader_epoch(leader_epoch, first)
         return result
 
     def _should_roll_pending(self, seg, pending_size, size, batch, now_ms) -> bool:
@@ -289,7 +289,8 @@ class PartitionLog:
             return []
         return ckpt.parse_leader_epoch_checkpoint(text)
 
-    def _assign_leader_epoch(self, epoch: int, start_offset: int) -> None:
+    def assign_leader_epoch(self, epoch: int, start_offset: int) -> None:
+        """Record that ``epoch`` starts at ``start_offset`` (no-op unless newer than the latest)."""
         entries = self.leader_epochs()
         if entries and entries[-1].epoch >= epoch:
             return
