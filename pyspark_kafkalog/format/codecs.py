@@ -387,7 +387,7 @@ def _zstd_compress(data, level: int | None) -> bytes:
     cache = _zstd_local.__dict__.setdefault("compressors", {})
     cctx = cache.get(level)
     if cctx is None:
-        cctx = cache[level] = zstd.ZstdCompressor(level=level)
+        cctx = cache[level] = zstd.ZstdCompressor(level=level, write_content_size=False)
     return cctx.compress(data)
 
 

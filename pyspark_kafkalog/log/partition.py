@@ -215,8 +215,10 @@ class PartitionLog:
                       else now_ms - seg.created_ms())
             if waited > cfg.segment_ms:
                 return True
-            if seg.index_entries() >= cfg.max_index_entries:
-                return True
+            builder = seg._append_state()
+            if (len(builder.offset_entries) >= cfg.max_index_entries
+                    or len(builder.final_time_entries()) >= cfg.segment_index_bytes // 12 - 1):
+                return True   # Kafka rolls when either index is full
         return batch.last_offset - seg.base_offset > _INT32_MAX
 
     def append(self, batches: Sequence[EncodedBatch], *, leader_epoch: int = -1,
@@ -354,9 +356,14 @@ class PartitionLog:
                 if apply:
                     self.segments = self.segments[:i + 1]
                 break
+        leo = prev_last + 1 if prev_last is not None else self.log_start_offset
         if apply:
             self._delete_orphan_files()
-        leo = prev_last + 1 if prev_last is not None else self.log_start_offset
+            epochs = self.leader_epochs()
+            kept = [e for e in epochs if e.start_offset < leo]
+            if kept != epochs:   # no epoch may start at an offset that no longer exists
+                self.storage.replace(self._path(LEADER_EPOCH_FILE),
+                                     ckpt.format_leader_epoch_checkpoint(kept).encode())
         return RecoveryReport(self.dir, results, deleted, leo)
 
     def _delete_orphan_files(self) -> None:

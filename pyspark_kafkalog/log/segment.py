@@ -72,6 +72,7 @@ class LogSegment:
         self._builder: Optional[IndexBuilder] = None   # writer state, valid while we append
         self._size: Optional[int] = None
         self._first_batch_ts: Optional[int] = None
+        self._stored_index_bytes = (-1, -1)   # raw lengths of .index/.timeindex when loaded
 
     def path(self, suffix: str) -> str:
         name = segment_name(self.base_offset, suffix)
@@ -97,11 +98,11 @@ class LogSegment:
         self.stats.requests += 1
         return data
 
-    def _read_index_file(self, suffix: str) -> bytes:
+    def _read_index_file(self, suffix: str) -> Optional[bytes]:
         try:
             data = self.storage.read(self.path(suffix))
         except StorageNotFoundError:
-            return b""
+            return None
         self.stats.index_bytes += len(data)
         self.stats.requests += 1
         return data
@@ -109,17 +110,25 @@ class LogSegment:
     def offset_index(self) -> Tuple[np.ndarray, np.ndarray]:
         """(absolute offsets, positions), as far as the index file is valid."""
         if self._offset_index is None:
-            buf = self._read_index_file(INDEX_SUFFIX)
+            raw = self._read_index_file(INDEX_SUFFIX)
+            buf = raw or b""
             buf = buf[:len(buf) - len(buf) % idx.OFFSET_ENTRY_SIZE]
-            self._offset_index = _valid_prefix_offset_index(buf, self.base_offset)
+            offsets, positions = _valid_prefix_offset_index(buf, self.base_offset)
+            if len(positions) and positions[-1] >= self.size():   # stale: points past the log
+                keep = positions < self.size()
+                offsets, positions = offsets[keep], positions[keep]
+            self._offset_index = (offsets, positions)
+            self._stored_index_bytes = (-1 if raw is None else len(raw), self._stored_index_bytes[1])
         return self._offset_index
 
     def time_index(self) -> Tuple[np.ndarray, np.ndarray]:
         """(timestamps, absolute offsets), as far as the index file is valid."""
         if self._time_index is None:
-            buf = self._read_index_file(TIMEINDEX_SUFFIX)
+            raw = self._read_index_file(TIMEINDEX_SUFFIX)
+            buf = raw or b""
             buf = buf[:len(buf) - len(buf) % idx.TIME_ENTRY_SIZE]
             self._time_index = _valid_prefix_time_index(buf, self.base_offset)
+            self._stored_index_bytes = (self._stored_index_bytes[0], -1 if raw is None else len(raw))
         return self._time_index
 
     def invalidate(self) -> None:
@@ -288,9 +297,10 @@ class LogSegment:
         result = SegmentRecovery(self.log_path, self.base_offset, size, valid, size - valid,
                                  first_dropped, error, prev_last + 1)
         if apply:
+            # indexes first: they describe the valid prefix, so they never point past the log
+            self._write_indexes(builder, full=True)
             if valid < size:
                 self.storage.truncate(self.log_path, valid)
-            self._write_indexes(builder, full=True)
             self._size = valid
             self._builder = builder
         return result
@@ -317,24 +327,31 @@ class LogSegment:
 
     def _write_indexes(self, builder: IndexBuilder, *, full: bool,
                        old_offset_entries: int = 0, old_time_entries: int = 0) -> None:
-        """Bring both index files to the builder's state (whole rewrite or tail rewrite)."""
+        """Bring both index files to the builder's state (whole rewrite or tail rewrite).
+
+        The time index is written first. Dying between the two writes then leaves the *offset*
+        index stale, and resuming from a stale offset index re-derives both files; the other order
+        would let a stale final time entry pass for an interval entry (docs/format.md, §7).
+        """
         st = self.storage
         offset_entries = builder.offset_entries
         time_entries = builder.final_time_entries()
         if full or not st.guarantees.append:
-            st.replace(self.path(INDEX_SUFFIX),
-                       idx.encode_offset_index(offset_entries, self.base_offset))
             st.replace(self.path(TIMEINDEX_SUFFIX),
                        idx.encode_time_index(time_entries, self.base_offset))
+            st.replace(self.path(INDEX_SUFFIX),
+                       idx.encode_offset_index(offset_entries, self.base_offset))
         else:
-            new = offset_entries[old_offset_entries:]
-            if new:
-                st.append(self.path(INDEX_SUFFIX), idx.encode_offset_index(new, self.base_offset))
             keep = old_time_entries
             st.truncate(self.path(TIMEINDEX_SUFFIX), keep * idx.TIME_ENTRY_SIZE)
             if time_entries[keep:]:
                 st.append(self.path(TIMEINDEX_SUFFIX),
                           idx.encode_time_index(time_entries[keep:], self.base_offset))
+            new = offset_entries[old_offset_entries:]
+            if new:
+                st.append(self.path(INDEX_SUFFIX), idx.encode_offset_index(new, self.base_offset))
+        self._stored_index_bytes = (len(offset_entries) * idx.OFFSET_ENTRY_SIZE,
+                                    len(time_entries) * idx.TIME_ENTRY_SIZE)
         self._offset_index = (np.array([o for o, _ in offset_entries], dtype=np.int64),
                               np.array([p for _, p in offset_entries], dtype=np.int64))
         self._time_index = (np.array([t for t, _ in time_entries], dtype=np.int64),
@@ -374,13 +391,17 @@ class LogSegment:
                 prev_last = header.last_offset
         except CorruptRecordError:
             pass
-        if builder.valid_bytes < size:
-            self.storage.truncate(self.log_path, builder.valid_bytes)
-            self._size = builder.valid_bytes
-        if (len(builder.offset_entries) != len(entries)
+        clean = self._stored_index_bytes == (len(entries) * idx.OFFSET_ENTRY_SIZE,
+                                             len(time_entries) * idx.TIME_ENTRY_SIZE)
+        if not clean:   # missing files, torn or pre-allocated tails: rewrite whole
+            self._write_indexes(builder, full=True)
+        elif (len(builder.offset_entries) != len(entries)
                 or builder.final_time_entries() != time_entries):
             self._write_indexes(builder, full=False, old_offset_entries=len(entries),
                                 old_time_entries=kept_time)
+        if builder.valid_bytes < size:
+            self.storage.truncate(self.log_path, builder.valid_bytes)
+            self._size = builder.valid_bytes
         self._builder = builder
         return builder
 
@@ -400,9 +421,6 @@ class LogSegment:
         self._size = builder.valid_bytes
         self._write_indexes(builder, full=False, old_offset_entries=old_offset_entries,
                             old_time_entries=old_time_entries)
-
-    def index_entries(self) -> int:
-        return len(self._append_state().offset_entries)
 
     def truncate_to(self, offset: int) -> int:
         """Drop every entry from the one holding ``offset`` on; returns the bytes removed."""
@@ -439,7 +457,7 @@ def _valid_prefix_offset_index(buf: bytes, base: int) -> Tuple[np.ndarray, np.nd
 def _valid_prefix_time_index(buf: bytes, base: int) -> Tuple[np.ndarray, np.ndarray]:
     raw = np.frombuffer(buf, dtype=[("ts", ">i8"), ("rel", ">i4")])
     ts, rel = raw["ts"].astype(np.int64), raw["rel"].astype(np.int64)
-    ok = rel >= 0
+    ok = (rel >= 0) & ~((ts == 0) & (rel == 0))   # an all-zero entry is pre-allocation
     ok[1:] &= (np.diff(ts) > 0) & (np.diff(rel) >= 0)
     bad = np.flatnonzero(~ok)
     n = int(bad[0]) if len(bad) else len(ts)
