@@ -122,6 +122,33 @@ class FencedLeaderEpochError(KafkaLogError):
     error_name = "FENCED_LEADER_EPOCH"
 
 
+class InvalidReplicationFactorError(KafkaLogError, ValueError):
+    error_code = 38
+    error_name = "INVALID_REPLICATION_FACTOR"
+
+
+class InvalidReplicaAssignmentError(KafkaLogError, ValueError):
+    error_code = 39
+    error_name = "INVALID_REPLICA_ASSIGNMENT"
+
+
+class InvalidTxnStateError(KafkaLogError):
+    """A commit or abort names a transaction that is unknown or already decided otherwise."""
+
+    error_code = 48
+    error_name = "INVALID_TXN_STATE"
+
+
+class GroupIdNotFoundError(KafkaLogError, LookupError):
+    error_code = 69
+    error_name = "GROUP_ID_NOT_FOUND"
+
+
+class InvalidGroupIdError(KafkaLogError, ValueError):
+    error_code = 24
+    error_name = "INVALID_GROUP_ID"
+
+
 # -- storage ------------------------------------------------------------------------------------
 
 class KafkaStorageError(KafkaLogError, OSError):
@@ -150,5 +177,19 @@ class UnsupportedOperationError(KafkaStorageError):
     retriable = False
 
 
+_BY_NAME = {}
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, KafkaLogError):
+        _BY_NAME.setdefault(_cls.error_name, _cls)
+_BY_NAME["INVALID_RECORD"] = InvalidRecordError
+_BY_NAME["CORRUPT_MESSAGE"] = CorruptRecordError
+_BY_NAME["KAFKA_STORAGE_ERROR"] = KafkaStorageError
+
+
+def error_for(error_name: str, message: str) -> KafkaLogError:
+    """The typed error for a Kafka error name (as recorded in metadata-log results)."""
+    return _BY_NAME.get(error_name, KafkaLogError)(message or error_name)
+
+
 __all__ = [name for name, obj in globals().items()
-           if isinstance(obj, type) and issubclass(obj, KafkaLogError)]
+           if isinstance(obj, type) and issubclass(obj, KafkaLogError)] + ["error_for"]

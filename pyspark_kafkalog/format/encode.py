@@ -191,19 +191,21 @@ def encode_records(records: Sequence[Record], *, magic: int = MAGIC_V2, **kwargs
 
 
 def assign_offsets(batch: EncodedBatch, base_offset: int,
-                   partition_leader_epoch: int = -1) -> EncodedBatch:
+                   partition_leader_epoch: int | None = None) -> EncodedBatch:
     """Move an encoded batch to ``base_offset``, rewriting only what lies outside the CRCs.
 
-    Magic 0 compressed wrappers store absolute inner offsets, so they alone must be re-encoded
-    (Kafka recompresses them on append too).
+    ``partition_leader_epoch`` (magic 2 only) is stamped when given and kept otherwise. Magic 0
+    compressed wrappers store absolute inner offsets, so they alone must be re-encoded (Kafka
+    recompresses them on append too).
     """
     shift = base_offset - batch.base_offset
-    if shift == 0 and (batch.magic < MAGIC_V2 or partition_leader_epoch == -1):
+    if shift == 0 and (batch.magic < MAGIC_V2 or partition_leader_epoch is None):
         return batch
     data = bytearray(batch.data)
     if batch.magic == MAGIC_V2:
         _I64.pack_into(data, 0, base_offset)
-        _I32.pack_into(data, 12, partition_leader_epoch)
+        if partition_leader_epoch is not None:
+            _I32.pack_into(data, 12, partition_leader_epoch)
     elif batch.compression and batch.magic == MAGIC_V0:
         from .columnar import decode_records
         recs = [Record(r.key, r.value) for r in decode_records(batch.data)]

@@ -5,14 +5,10 @@ what Kafka's recovery would rebuild from its ``.log``. Appending therefore appli
 rule batch by batch, and the time index always ends with the "final" entry (the largest timestamp
 so far) that Kafka writes when a segment is closed, so a broker reading our files never
 underestimates a segment's largest timestamp (which drives time-based retention).
-
-The builder can *resume* from the entries already on storage instead of re-reading the segment:
-an interval time entry always has an offset at or below the last offset-index entry, and the final
-entry, when present, always has a larger one (see ``docs/format.md``).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 NO_TIMESTAMP = -1
 
@@ -57,24 +53,3 @@ class IndexBuilder:
     @property
     def largest_timestamp(self) -> int:
         return self.max_ts
-
-    @classmethod
-    def resume(cls, base_offset: int, index_interval_bytes: int,
-               offset_entries: List[Tuple[int, int]], time_entries: List[Tuple[int, int]],
-               size_of_batch_at_last_entry: Optional[int]) -> "IndexBuilder":
-        """Rebuild the state right after the batch of the last offset-index entry.
-
-        ``size_of_batch_at_last_entry`` is the size of the batch that the last offset entry points
-        at (the caller reads its header). With no offset entries the state is the initial one.
-        """
-        b = cls(base_offset, index_interval_bytes)
-        if not offset_entries:
-            return b
-        last_offset, last_pos = offset_entries[-1]
-        b.offset_entries = list(offset_entries)
-        b.time_entries = [e for e in time_entries if e[1] <= last_offset]
-        if b.time_entries:
-            b.max_ts, b.offset_of_max_ts = b.time_entries[-1]
-        b.last_index_entry = last_pos
-        b.valid_bytes = last_pos + (size_of_batch_at_last_entry or 0)
-        return b

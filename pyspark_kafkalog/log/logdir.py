@@ -78,6 +78,33 @@ class LogDir:
                 current[tp] = value
         self.storage.replace(self._p(name), ckpt.format_offset_checkpoint(current).encode())
 
+    def remove_partition(self, tp: TopicPartition) -> None:
+        """Forget a deleted partition in every checkpoint file that mentions it."""
+        for name in (REPLICATION_CHECKPOINT, LOG_START_CHECKPOINT, RECOVERY_POINT_CHECKPOINT):
+            if tp in self.read_checkpoint(name):
+                self.update_checkpoint(name, {tp: None})
+
+    def merge_checkpoint(self, name: str, updates: Mapping[TopicPartition, int],
+                         attempts: int = 5) -> bool:
+        """Raise entries to at least ``updates`` when concurrent processes rewrite the same file.
+
+        Every value kept in these files only grows, so each writer re-reads, takes the maximum,
+        replaces, and re-reads to check that no one overwrote it with older values; it retries a
+        few times. A rewriter that loses every time leaves a stale (never a wrong-way) value that
+        the next commit or maintenance run repairs (docs/protocol.md, §8).
+        """
+        for _ in range(attempts):
+            current = self.read_checkpoint(name)
+            merged = dict(current)
+            for tp, value in updates.items():
+                merged[tp] = max(value, current.get(tp, value))
+            if merged != current:
+                self.storage.replace(self._p(name), ckpt.format_offset_checkpoint(merged).encode())
+            check = self.read_checkpoint(name)
+            if all(check.get(tp, -1) >= v for tp, v in updates.items()):
+                return True
+        return False
+
     def update_partition_state(self, tp: TopicPartition, *, high_watermark: int,
                                log_start_offset: int, recovery_point: int) -> None:
         self.update_checkpoint(REPLICATION_CHECKPOINT, {tp: high_watermark})

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
-from ..errors import (AlreadyExistsError, InvalidTopicError, OffsetOutOfRangeError,
+from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidTopicError, OffsetOutOfRangeError,
                       RecordTooLargeError, StorageNotFoundError)
 from ..format import checkpoint as ckpt
 from ..format.batch import iter_headers
@@ -59,8 +59,13 @@ class RecoveryReport:
 
 class PartitionLog:
     def __init__(self, storage, dir_path: str, config: Optional[LogConfig] = None, *,
-                 log_start_offset: Optional[int] = None, stats: Optional[ReadStats] = None):
+                 log_start_offset: Optional[int] = None, stats: Optional[ReadStats] = None,
+                 segment_filter=None, high_watermark: Optional[int] = None):
+        """``segment_filter(base_offset) -> bool`` hides segments (the cluster protocol shows only
+        committed ones); ``high_watermark``, when given, is authoritative for reads."""
         self.storage = storage
+        self.segment_filter = segment_filter
+        self.high_watermark = high_watermark
         self.dir = dir_path.rstrip("/")
         self.topic, self.partition = parse_partition_dir(self.dir.rsplit("/", 1)[-1])
         self.config = config or LogConfig()
@@ -77,12 +82,16 @@ class PartitionLog:
         for info in self.storage.list(self.dir):
             m = _SEGMENT_FILE.match(info.name)
             if m and m.group(2) == "log":
-                bases.add(int(m.group(1)))
+                base = int(m.group(1))
+                if self.segment_filter is None or self.segment_filter(base):
+                    bases.add(base)
         old = {s.base_offset: s for s in self.segments}
         self.segments = [old.get(b) or LogSegment(self.storage, self.dir, b, self.config,
                                                   self.stats) for b in sorted(bases)]
-        for seg in self.segments:
+        for i, seg in enumerate(self.segments):
             seg._size = None
+            # every segment but the newest is complete; under the cluster protocol all are
+            seg.sealed = self.segment_filter is not None or i + 1 < len(self.segments)
 
     def _path(self, name: str) -> str:
         return f"{self.dir}/{name}"
@@ -124,8 +133,12 @@ class PartitionLog:
     # -- reading ----------------------------------------------------------------------------
 
     def _check_fetch_offset(self, offset: int, high_watermark: Optional[int]) -> int:
-        leo = self.log_end_offset
-        hw = leo if high_watermark is None else min(high_watermark, leo)
+        if self.high_watermark is not None:
+            hw = self.high_watermark if high_watermark is None else min(high_watermark,
+                                                                         self.high_watermark)
+        else:
+            leo = self.log_end_offset
+            hw = leo if high_watermark is None else min(high_watermark, leo)
         if offset < self.log_start_offset or offset > hw:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is out of range for {self.topic}-{self.partition}: log start "
@@ -169,6 +182,10 @@ class PartitionLog:
             last = None
             for h in iter_headers(data):
                 last = h
+            if last.last_offset + 1 <= offset:
+                raise CorruptRecordError(
+                    f"{self.dir}: offsets stop increasing at {last.last_offset} (reading from "
+                    f"{offset}); run `kafkalog recover`", last.position)
             offset = last.last_offset + 1
         return cols
 

@@ -8,6 +8,7 @@ further), and writers restore the invariant "index == what Kafka's recovery rebu
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Tuple
@@ -24,6 +25,8 @@ from .config import LogConfig
 
 LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX = ".log", ".index", ".timeindex", ".txnindex"
 _INT32_MAX = 2**31 - 1
+_EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+_log = logging.getLogger(__name__)
 _HEADER_BYTES = V2_HEADER_SIZE     # enough bytes to parse any entry header
 
 
@@ -73,6 +76,9 @@ class LogSegment:
         self._size: Optional[int] = None
         self._first_batch_ts: Optional[int] = None
         self._stored_index_bytes = (-1, -1)   # raw lengths of .index/.timeindex when loaded
+        #: a sealed segment is complete: a partial entry at its end is damage, not an append
+        self.sealed = False
+        self._indexes_distrusted = False
 
     def path(self, suffix: str) -> str:
         name = segment_name(self.base_offset, suffix)
@@ -109,6 +115,8 @@ class LogSegment:
 
     def offset_index(self) -> Tuple[np.ndarray, np.ndarray]:
         """(absolute offsets, positions), as far as the index file is valid."""
+        if self._indexes_distrusted:
+            return _EMPTY
         if self._offset_index is None:
             raw = self._read_index_file(INDEX_SUFFIX)
             buf = raw or b""
@@ -123,6 +131,8 @@ class LogSegment:
 
     def time_index(self) -> Tuple[np.ndarray, np.ndarray]:
         """(timestamps, absolute offsets), as far as the index file is valid."""
+        if self._indexes_distrusted:
+            return _EMPTY
         if self._time_index is None:
             raw = self._read_index_file(TIMEINDEX_SUFFIX)
             buf = raw or b""
@@ -134,14 +144,37 @@ class LogSegment:
     def invalidate(self) -> None:
         self._offset_index = self._time_index = self._size = self._builder = None
         self._first_batch_ts = None
+        self._indexes_distrusted = False
+
+    def _distrust_indexes(self, why: str) -> None:
+        """An index entry disagrees with the log: from now on walk the log instead.
+
+        Indexes are derived data with no checksum, so every entry a read relies on is checked
+        against the batch it points at; one bad entry makes the whole file suspect. Reads stay
+        correct (only slower) and ``kafkalog recover`` rebuilds the files.
+        """
+        if not self._indexes_distrusted:
+            _log.warning("%s: ignoring its indexes (%s); run `kafkalog recover` to rebuild them",
+                         self.log_path, why)
+        self._indexes_distrusted = True
+        self._builder = None
+
+    def _time_index_complete(self) -> bool:
+        """The .timeindex exists and every byte of it decoded to a valid entry."""
+        tss, _ = self.time_index()
+        raw = self._stored_index_bytes[1]
+        return raw >= 0 and raw == len(tss) * idx.TIME_ENTRY_SIZE
 
     def walk(self, start: int = 0, end: Optional[int] = None, *, with_body: bool = False,
-             window: Optional[int] = None) -> Iterator[Tuple[BatchHeader, Optional[bytes]]]:
+             window: Optional[int] = None, strict: Optional[bool] = None
+             ) -> Iterator[Tuple[BatchHeader, Optional[bytes]]]:
         """Yield entry headers (file positions) from ``start``; with ``with_body`` also the bytes.
 
         Reads windows of about ``index.interval.bytes``; without bodies, a batch larger than the
-        window is skipped by its header alone. Stops quietly at a partial entry at ``end``.
+        window is skipped by its header alone. A partial entry at ``end`` ends the walk quietly
+        unless ``strict`` (default: the segment is sealed), where it is damage and raises.
         """
+        strict = self.sealed if strict is None else strict
         end = self.size() if end is None else end
         window = window or max(self.config.index_interval_bytes, 4096)
         buf, buf_start = b"", start
@@ -157,6 +190,9 @@ class LogSegment:
                     f"{self.log_path}: entry at position {pos} declares size {length}", pos)
             entry_end = pos + LOG_OVERHEAD + length
             if entry_end > end:
+                if strict:
+                    raise CorruptRecordError(f"{self.log_path}: torn entry at position {pos} "
+                                             f"({end - pos} of {entry_end - pos} bytes)", pos)
                 return
             body = None
             if with_body:
@@ -172,14 +208,45 @@ class LogSegment:
                 header = read_header(buf[rel:rel + _HEADER_BYTES], 0)._replace(position=pos)
             yield header, body
             pos = entry_end
+        if strict and pos < end:
+            raise CorruptRecordError(f"{self.log_path}: {end - pos} trailing bytes at position "
+                                     f"{pos} do not hold an entry", pos)
+
+    def lookup(self, offset: int) -> Tuple[int, int]:
+        """The offset-index entry (offset, position) to start from for ``offset``."""
+        offsets, positions = self.offset_index()
+        return idx.offset_index_lookup(offsets, positions, offset, self.base_offset)
 
     def lookup_position(self, offset: int) -> int:
-        offsets, positions = self.offset_index()
-        return idx.offset_index_lookup(offsets, positions, offset, self.base_offset)[1]
+        return self.lookup(offset)[1]
+
+    def _walk_from_entry(self, entry: Tuple[int, int], end: Optional[int] = None, **kwargs):
+        """Walk from an index entry, first checking that the entry points at its batch; on a
+        mismatch the indexes are distrusted and the walk restarts at the segment head."""
+        entry_offset, pos = entry
+        if pos == 0:
+            yield from self.walk(0, end, **kwargs)
+            return
+        first = True
+        try:
+            for header, body in self.walk(pos, end, **kwargs):
+                if first and header.last_offset != entry_offset:
+                    raise CorruptRecordError("entry does not match the log")
+                first = False
+                yield header, body
+            if not first:
+                return
+            reason = "no whole entry there"
+        except CorruptRecordError as exc:
+            if not first:
+                raise
+            reason = str(exc)
+        self._distrust_indexes(f"offset index entry {entry} ({reason})")
+        yield from self.walk(0, end, **kwargs)
 
     def find_batch(self, offset: int, end: Optional[int] = None) -> Optional[BatchHeader]:
         """The first entry whose last offset is >= ``offset`` (Kafka's ``translateOffset``)."""
-        for header, _ in self.walk(self.lookup_position(offset), end):
+        for header, _ in self._walk_from_entry(self.lookup(offset), end):
             if header.last_offset >= offset:
                 return header
         return None
@@ -201,21 +268,18 @@ class LogSegment:
             last_end = h.end
         return data[:last_end], first.position
 
+    def _last_entry(self) -> Tuple[int, int]:
+        offsets, positions = self.offset_index()
+        if len(positions):
+            return int(offsets[-1]), int(positions[-1])
+        return self.base_offset, 0
+
     def next_offset(self) -> int:
         """The offset after the last entry (the base offset if empty)."""
-        offsets, positions = self.offset_index()
-        start = int(positions[-1]) if len(positions) else 0
         last = None
-        try:
-            for header, _ in self.walk(start):
-                last = header
-        except CorruptRecordError:
-            pass
-        if last is None:
-            if start:
-                return int(offsets[-1]) + 1
-            return self.base_offset
-        return last.last_offset + 1
+        for header, _ in self._walk_from_entry(self._last_entry()):
+            last = header
+        return self.base_offset if last is None else last.last_offset + 1
 
     def largest_timestamp(self) -> int:
         """Max timestamp of the segment: the time index's last entry, or the tail's batches.
@@ -223,23 +287,44 @@ class LogSegment:
         A Kafka broker's active segment has no final time-index entry yet, so the batches after
         the last offset-index entry are checked too (about one index interval of reads).
         """
-        ts, _ = self.time_index()
-        best = int(ts[-1]) if len(ts) else -1
-        _, positions = self.offset_index()
-        start = int(positions[-1]) if len(positions) else 0
-        try:
-            for header, _ in self.walk(start):
-                best = max(best, header.max_timestamp)
-        except CorruptRecordError:
-            pass
+        tss, toffs = self.time_index()
+        if not self._time_index_complete():
+            self._distrust_indexes("the time index is missing or damaged")
+            tss, toffs = _EMPTY
+        best = -1
+        pending = (int(tss[-1]), int(toffs[-1])) if len(tss) else None
+        last_entry = self._last_entry()
+        if pending and pending[1] < last_entry[0]:   # checked apart only if the tail won't see it
+            h = self.find_batch(pending[1])
+            if h is None or (h.last_offset, h.max_timestamp) != (pending[1], pending[0]):
+                self._distrust_indexes(f"time index entry {pending} does not match the log")
+                return self.largest_timestamp()
+            best, pending = pending[0], None
+        for header, _ in self._walk_from_entry(last_entry):
+            if pending and header.last_offset >= pending[1]:
+                if (header.last_offset, header.max_timestamp) != (pending[1], pending[0]):
+                    self._distrust_indexes(f"time index entry {pending} does not match the log")
+                    return self.largest_timestamp()
+                pending = None
+            best = max(best, header.max_timestamp)
+        if pending:
+            self._distrust_indexes(f"time index entry {pending} points past the log")
+            return self.largest_timestamp()
         return best
 
     def find_offset_by_timestamp(self, timestamp: int, starting_offset: int) -> Optional[Tuple[int, int]]:
         """Earliest (offset, timestamp) with timestamp >= target and offset >= starting_offset."""
         tss, toffs = self.time_index()
-        _, ts_offset = idx.time_index_lookup(tss, toffs, timestamp, self.base_offset)
-        start = self.lookup_position(max(ts_offset, starting_offset))
-        for header, body in self.walk(start, with_body=True):
+        entry_ts, ts_offset = idx.time_index_lookup(tss, toffs, timestamp, self.base_offset)
+        check = entry_ts >= 0 and ts_offset >= starting_offset
+        for header, body in self._walk_from_entry(self.lookup(max(ts_offset, starting_offset)),
+                                                  with_body=True):
+            if check and header.last_offset >= ts_offset:
+                check = False
+                if header.last_offset != ts_offset or header.max_timestamp != entry_ts:
+                    self._distrust_indexes(f"time index entry ({entry_ts}, {ts_offset}) does "
+                                           "not match the log")
+                    return self.find_offset_by_timestamp(timestamp, starting_offset)
             if header.max_timestamp >= timestamp and header.last_offset >= starting_offset:
                 for rec in decode_records(body):
                     if rec.timestamp >= timestamp and rec.offset >= starting_offset:
@@ -276,9 +361,13 @@ class LogSegment:
         error = None
         first_dropped = None
         try:
-            for header, body in self.walk(0, size, with_body=True, window=chunk_bytes):
+            for header, body in self.walk(0, size, with_body=True, window=chunk_bytes,
+                                          strict=False):
                 validate(body, header, header.position)
                 base = header.base_offset if header.base_offset >= 0 else header.last_offset
+                if header.magic < 2 and header.compression:
+                    # the wrapper offset is outside the CRC: keep it only if it still decodes
+                    decode_records(body, validate=False)
                 if (header.last_offset <= prev_last or base <= prev_last or base > header.last_offset
                         or header.last_offset - self.base_offset > _INT32_MAX
                         or base < self.base_offset):
@@ -296,6 +385,7 @@ class LogSegment:
             first_dropped = self._first_offset_at(valid, size, prev_last + 1)
         result = SegmentRecovery(self.log_path, self.base_offset, size, valid, size - valid,
                                  first_dropped, error, prev_last + 1)
+        self._recovery_builder = builder
         if apply:
             # indexes first: they describe the valid prefix, so they never point past the log
             self._write_indexes(builder, full=True)
@@ -320,7 +410,7 @@ class LogSegment:
     def rebuilt_indexes(self) -> Tuple[bytes, bytes]:
         """The .index and .timeindex bytes Kafka would rebuild from this segment (no writes)."""
         result_builder = IndexBuilder(self.base_offset, self.config.index_interval_bytes)
-        for header, _ in self.walk(0, window=8 << 20):
+        for header, _ in self.walk(0, window=8 << 20, strict=False):
             result_builder.add(header.size, header.last_offset, header.max_timestamp)
         return (idx.encode_offset_index(result_builder.offset_entries, self.base_offset),
                 idx.encode_time_index(result_builder.final_time_entries(), self.base_offset))
@@ -360,50 +450,32 @@ class LogSegment:
     # -- writing ------------------------------------------------------------------------------
 
     def _append_state(self) -> IndexBuilder:
-        """Resume Kafka's index rule at the end of the log, repairing a torn tail first."""
-        if self._builder is not None:
-            return self._builder
-        size = self.size(refresh=True)
-        offsets, positions = self.offset_index()
-        entries = list(zip(offsets.tolist(), positions.tolist()))
-        tss, toffs = self.time_index()
-        time_entries = list(zip(tss.tolist(), toffs.tolist()))
-        builder = None
-        if entries:
-            last_offset, last_pos = entries[-1]
-            if last_pos < size:
-                h = next(self.walk(last_pos, size), (None, None))[0]
-                if h is not None and h.last_offset == last_offset:
-                    builder = IndexBuilder.resume(self.base_offset,
-                                                  self.config.index_interval_bytes,
-                                                  entries, time_entries, h.size)
-        if builder is None:   # no usable index: the whole segment must be re-derived
-            self.recover()
-            return self._builder
-        prev_last = entries[-1][0]
-        kept_time = len(builder.time_entries)
+        """The index rule's state at the end of the log, for appending.
+
+        The first append of a process recovers the segment, as a broker recovers its unflushed
+        segments after an unclean shutdown: every batch is validated, a torn or corrupt tail is
+        cut, and both indexes are rewritten if they differ from the rebuild. Nothing a dead or
+        buggy writer left is trusted; later appends by the same process keep the state.
+        """
+        if self._builder is None:
+            self.invalidate()
+            report = self.recover(apply=False)
+            builder = self._recovery_builder
+            if report.truncated_bytes or not self._stored_indexes_equal(builder):
+                self.recover()
+            else:
+                self._builder = builder
+                self._size = builder.valid_bytes
+        return self._builder
+
+    def _stored_indexes_equal(self, builder: IndexBuilder) -> bool:
         try:
-            for header, body in self.walk(builder.valid_bytes, size, with_body=True):
-                validate(body, header, header.position)
-                if header.last_offset <= prev_last:
-                    raise CorruptRecordError("offsets go backwards", header.position)
-                builder.add(header.size, header.last_offset, header.max_timestamp)
-                prev_last = header.last_offset
-        except CorruptRecordError:
-            pass
-        clean = self._stored_index_bytes == (len(entries) * idx.OFFSET_ENTRY_SIZE,
-                                             len(time_entries) * idx.TIME_ENTRY_SIZE)
-        if not clean:   # missing files, torn or pre-allocated tails: rewrite whole
-            self._write_indexes(builder, full=True)
-        elif (len(builder.offset_entries) != len(entries)
-                or builder.final_time_entries() != time_entries):
-            self._write_indexes(builder, full=False, old_offset_entries=len(entries),
-                                old_time_entries=kept_time)
-        if builder.valid_bytes < size:
-            self.storage.truncate(self.log_path, builder.valid_bytes)
-            self._size = builder.valid_bytes
-        self._builder = builder
-        return builder
+            return (self.storage.read(self.path(INDEX_SUFFIX)) ==
+                    idx.encode_offset_index(builder.offset_entries, self.base_offset) and
+                    self.storage.read(self.path(TIMEINDEX_SUFFIX)) ==
+                    idx.encode_time_index(builder.final_time_entries(), self.base_offset))
+        except StorageNotFoundError:
+            return False
 
     def append(self, data: bytes, headers: List[BatchHeader]) -> None:
         """Append whole, already offset-assigned entries and extend both indexes."""

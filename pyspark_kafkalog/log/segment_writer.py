@@ -1,0 +1,67 @@
+"""Write whole, immutable segments: the shared-storage way to add data to a partition.
+
+On shared storage there is no safe append (object stores have none, and two processes appending
+to one file corrupt it), so a writer that owns an offset range writes it as new segments named by
+their first offset, each file with create-if-absent: the indexes first, the ``.log`` last, so a
+``.log`` that exists is complete (docs/protocol.md, §3). The indexes are exactly what Kafka's
+recovery would rebuild.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+from ..errors import AlreadyExistsError
+from ..format import index as idx
+from ..format.batch import iter_headers
+from ..format.encode import EncodedBatch
+from ..format.index_builder import IndexBuilder
+from .config import LogConfig
+from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, segment_name
+
+
+def plan_segments(batches: Sequence[EncodedBatch], segment_bytes: int) -> List[List[EncodedBatch]]:
+    """Split batches (in offset order) into segments of at most ``segment_bytes`` (one batch
+    always fits: a batch larger than a segment gets a segment of its own)."""
+    groups: List[List[EncodedBatch]] = []
+    size = 0
+    for b in batches:
+        if not groups or size + len(b.data) > segment_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(b)
+        size += len(b.data)
+    return groups
+
+
+def segment_files(base_offset: int, batches: Sequence[EncodedBatch], config: LogConfig):
+    """``{suffix: bytes}`` for one segment holding ``batches``."""
+    data = b"".join(b.data for b in batches)
+    builder = IndexBuilder(base_offset, config.index_interval_bytes)
+    for h in iter_headers(data):
+        builder.add(h.size, h.last_offset, h.max_timestamp)
+    return {TIMEINDEX_SUFFIX: idx.encode_time_index(builder.final_time_entries(), base_offset),
+            INDEX_SUFFIX: idx.encode_offset_index(builder.offset_entries, base_offset),
+            LOG_SUFFIX: data}
+
+
+def write_segments(storage, dir_path: str, batches: Sequence[EncodedBatch], config: LogConfig,
+                   *, replace_garbage: bool = True) -> List[int]:
+    """Write offset-assigned ``batches`` as new segments; returns their base offsets.
+
+    ``replace_garbage``: the caller owns this offset range exclusively, so a file already there
+    was left by a dead or fenced writer and is replaced.
+    """
+    storage.makedirs(dir_path)
+    bases = []
+    for group in plan_segments(batches, config.segment_bytes):
+        base = group[0].base_offset
+        for suffix, content in segment_files(base, group, config).items():
+            path = f"{dir_path}/{segment_name(base, suffix)}"
+            try:
+                storage.create_if_absent(path, content)
+            except AlreadyExistsError:
+                if not replace_garbage:
+                    raise
+                storage.replace(path, content)
+        bases.append(base)
+    return bases
