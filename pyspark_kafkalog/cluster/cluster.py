@@ -1,0 +1,245 @@
+"""A kafkalog cluster: a storage root holding the metadata log and one or more Kafka log dirs.
+
+`Cluster` is the entry point every higher layer (admin API, CLI, Spark source and sink, jobs)
+uses. It holds no truth of its own: the metadata log is replayed on demand, and everything it
+writes goes through the protocol of docs/protocol.md.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ..errors import (AlreadyExistsError, InvalidConfigError, InvalidReplicationFactorError,
+                      StorageNotFoundError, UnknownTopicOrPartitionError, error_for)
+from ..format.checkpoint import new_topic_id, validate_topic_name
+from ..log.config import LogConfig
+from ..log.logdir import LogDir
+from ..log.partition import PartitionLog
+from ..log.segment import ReadStats
+from ..storage import open_storage
+from .metalog import META_DIR, MetadataLog
+from .state import ClusterState, PartitionState
+
+CLUSTER_FILE = f"{META_DIR}/cluster.json"
+DEFAULT_LOGDIR = "logdir-0"
+DEFAULT_TXN_TIMEOUT_MS = 60_000
+
+
+def default_principal() -> str:
+    env = os.environ.get("KAFKALOG_PRINCIPAL")
+    if env:
+        return env
+    try:
+        return f"User:{getpass.getuser()}"
+    except Exception:
+        return "User:ANONYMOUS"
+
+
+@dataclass
+class PartitionView:
+    """What a reader may see of one partition at one point of the metadata log."""
+
+    topic: str
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+    log: PartitionLog
+    state: PartitionState
+
+
+class Cluster:
+    def __init__(self, url: str, *, create: bool = True, principal: Optional[str] = None,
+                 transaction_timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS,
+                 clock: Callable[[], float] = time.time, snapshot_interval: int = 50,
+                 **storage_options):
+        if not isinstance(url, str) or not url:
+            raise InvalidConfigError(f"cluster URL must be a non-empty string, got {url!r}")
+        self.url = url
+        self.storage = open_storage(url, **storage_options)
+        self.principal = principal or default_principal()
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.clock = clock
+        self.metalog = MetadataLog(self.storage, snapshot_interval=snapshot_interval, clock=clock)
+        self.meta = self._load_or_create(create)
+        self.logdirs: List[str] = list(self.meta["logdirs"])
+
+    # -- identity -----------------------------------------------------------------------------
+
+    def _load_or_create(self, create: bool) -> dict:
+        try:
+            return json.loads(self.storage.read(CLUSTER_FILE))
+        except StorageNotFoundError:
+            if not create:
+                raise UnknownTopicOrPartitionError(
+                    f"{self.url} is not a kafkalog cluster (no {CLUSTER_FILE})") from None
+        meta = {"version": 1, "cluster_id": new_topic_id(), "logdirs": [DEFAULT_LOGDIR],
+                "created": int(self.clock() * 1000)}
+        try:
+            self.storage.create_if_absent(CLUSTER_FILE, json.dumps(meta, indent=1).encode())
+        except AlreadyExistsError:
+            return json.loads(self.storage.read(CLUSTER_FILE))
+        for d in meta["logdirs"]:
+            LogDir(self.storage, d).ensure_meta(cluster_id=meta["cluster_id"], node_id=0)
+        return meta
+
+    @property
+    def cluster_id(self) -> str:
+        return self.meta["cluster_id"]
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # -- metadata -----------------------------------------------------------------------------
+
+    def state(self, refresh: bool = True) -> ClusterState:
+        return self.metalog.state(refresh)
+
+    def submit(self, actions: List[dict]) -> Tuple[int, ClusterState, List[dict]]:
+        """Append one entry; returns (seq, state after it, per-action results)."""
+        seq, state = self.metalog.append(actions)
+        return seq, state, state.results[seq]
+
+    def submit_one(self, action: dict) -> dict:
+        """Append one action and raise its error, typed, if replay rejected it."""
+        _, _, results = self.submit([action])
+        result = results[0]
+        if result.get("error", "NONE") != "NONE":
+            raise error_for(result["error"], result.get("message", ""))
+        return result
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def assign_replicas(self, partitions: int, replication_factor: int,
+                        start: int = 0) -> List[List[str]]:
+        n = len(self.logdirs)
+        if not 1 <= replication_factor <= n:
+            raise InvalidReplicationFactorError(
+                f"replication factor {replication_factor} must be between 1 and the number of "
+                f"log dirs ({n})")
+        return [[self.logdirs[(p + r) % n] for r in range(replication_factor)]
+                for p in range(start, start + partitions)]
+
+    def create_topic(self, topic: str, partitions: int = 1, replication_factor: int = 1,
+                     configs: Optional[Dict[str, str]] = None) -> dict:
+        validate_topic_name(topic)
+        if not isinstance(partitions, int) or partitions < 1:
+            from ..errors import InvalidPartitionsError
+            raise InvalidPartitionsError(f"partitions must be an int >= 1, got {partitions!r}")
+        configs = {k: str(v) for k, v in (configs or {}).items()}
+        LogConfig.from_properties(configs)
+        replicas = self.assign_replicas(partitions, replication_factor)
+        topic_id = new_topic_id()
+        self._remove_leftovers(topic, partitions)
+        self.submit_one({"op": "create_topic", "topic": topic, "topic_id": topic_id,
+                         "partitions": partitions, "replicas": replicas, "configs": configs})
+        for p in range(partitions):
+            log = PartitionLog(self.storage, self.partition_dir(topic, p, replicas[p][0]))
+            log.write_partition_metadata(topic_id)
+        return self.describe_topic(topic)
+
+    def _remove_leftovers(self, topic: str, partitions: int) -> None:
+        """Directories of a deleted incarnation of ``topic`` are garbage; remove them first."""
+        state = self.state()
+        if topic in state.topics:
+            return
+        for d in self.logdirs:
+            for name in self.storage.list_dirs(d):
+                if name.rpartition("-")[0] == topic:
+                    self.storage.delete_tree(f"{d}/{name}")
+
+    def delete_topic(self, topic: str) -> None:
+        state = self.state()
+        info = state.topics.get(topic)
+        if info is None:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        self.submit_one({"op": "delete_topic", "topic": topic})
+        for p, replicas in enumerate(info["replicas"]):
+            for d in replicas:
+                self.storage.delete_tree(self.partition_dir(topic, p, d))
+                LogDir(self.storage, d).remove_partition((topic, p))
+
+    def alter_configs(self, topic: str, set_configs: Optional[Dict[str, str]] = None,
+                      delete: Optional[List[str]] = None) -> dict:
+        set_configs = {k: str(v) for k, v in (set_configs or {}).items()}
+        self.submit_one({"op": "alter_configs", "topic": topic, "set": set_configs,
+                         "delete": list(delete or [])})
+        return self.describe_topic(topic)
+
+    def create_partitions(self, topic: str, total: int) -> dict:
+        state = self.state()
+        info = state.topics.get(topic)
+        if info is None:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        rf = len(info["replicas"][0])
+        replicas = self.assign_replicas(max(total - info["partitions"], 0), rf,
+                                        start=info["partitions"])
+        self.submit_one({"op": "create_partitions", "topic": topic, "total": total,
+                         "replicas": replicas})
+        for p in range(info["partitions"], total):
+            PartitionLog(self.storage, self.partition_dir(topic, p, replicas[p - info["partitions"]][0])
+                         ).write_partition_metadata(info["topic_id"])
+        return self.describe_topic(topic)
+
+    def list_topics(self) -> List[str]:
+        return sorted(self.state().topics)
+
+    def describe_topic(self, topic: str, state: Optional[ClusterState] = None) -> dict:
+        state = state or self.state()
+        info = state.topics.get(topic)
+        if info is None:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        parts = []
+        for p in range(info["partitions"]):
+            ps = state.partition(topic, p)
+            parts.append({"partition": p, "replicas": info["replicas"][p],
+                          "leader_epoch": ps.leader_epoch, "log_start_offset": ps.log_start_offset,
+                          "high_watermark": ps.high_watermark})
+        return {"topic": topic, "topic_id": info["topic_id"], "partitions": parts,
+                "configs": dict(info["configs"])}
+
+    def topic_config(self, topic: str, state: Optional[ClusterState] = None) -> LogConfig:
+        state = state or self.state()
+        if topic not in state.topics:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        return state.topic_config(topic)
+
+    # -- data ---------------------------------------------------------------------------------
+
+    def partition_dir(self, topic: str, partition: int, logdir: Optional[str] = None,
+                      state: Optional[ClusterState] = None) -> str:
+        if logdir is None:
+            state = state or self.state()
+            info = state.topics.get(topic)
+            if info is None or not 0 <= partition < info["partitions"]:
+                raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}")
+            logdir = info["replicas"][partition][0]
+        return f"{logdir}/{topic}-{partition}"
+
+    def partition_view(self, topic: str, partition: int, state: Optional[ClusterState] = None,
+                       stats: Optional[ReadStats] = None) -> PartitionView:
+        state = state or self.state()
+        ps = state.partition(topic, partition)
+        if ps is None:
+            raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}")
+        log = PartitionLog(self.storage, self.partition_dir(topic, partition, state=state),
+                           state.topic_config(topic), log_start_offset=ps.log_start_offset,
+                           stats=stats, segment_filter=ps.segment_visible,
+                           high_watermark=ps.high_watermark)
+        return PartitionView(topic, partition, ps.log_start_offset, ps.high_watermark, log, ps)
+
+    def partitions(self, state: Optional[ClusterState] = None) -> List[Tuple[str, int]]:
+        state = state or self.state()
+        return sorted((t, p) for t, info in state.topics.items() for p in range(info["partitions"]))
+
+    def abort_expired(self, state: Optional[ClusterState] = None) -> List[str]:
+        """Abort open transactions past their deadline (their writers are dead or fenced)."""
+        state = state or self.state()
+        expired = state.open_txns_past_deadline(self.now_ms())
+        if not expired:
+            return []
+        _, _, results = self.submit([{"op": "abort", "txns": expired, "reason": "expired"}])
+        return results[0].get("aborted", [])

@@ -1,0 +1,161 @@
+"""Writing through the protocol: reserve offsets, write final segments, commit (docs/protocol.md §3).
+
+The three steps are separate methods because a Spark job runs them in different processes: each
+task reserves and writes (``write``, returning a :class:`PendingWrite`), and the driver commits
+every task's writes in one entry (``commit``), so the job becomes visible all at once.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+from ..errors import InvalidRecordError, UnknownTopicOrPartitionError
+from ..errors import error_for
+from ..format import codecs
+from ..format.encode import EncodedBatch, assign_log_append_time, assign_offsets, encode_records
+from ..format.records import LOG_APPEND_TIME, Record
+from ..log.segment_writer import write_segments
+from .checkpoints import sync_checkpoints
+from .state import split_key, tp_key
+
+TopicPartition = Tuple[str, int]
+
+
+@dataclass
+class PendingWrite:
+    """A reserved and written, not yet committed, write (a Spark task's commit message)."""
+
+    txn: str
+    ranges: Dict[str, List[int]]          # "topic:p" -> [start, end, leader_epoch]
+    segments: Dict[str, List[int]] = field(default_factory=dict)
+
+    def offsets(self) -> Dict[TopicPartition, Tuple[int, int]]:
+        """(first, last) offset per partition."""
+        return {split_key(k): (r[0], r[1] - 1) for k, r in self.ranges.items()}
+
+    def to_json(self) -> dict:
+        return {"txn": self.txn, "ranges": self.ranges, "segments": self.segments}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PendingWrite":
+        return cls(d["txn"], d["ranges"], d.get("segments", {}))
+
+
+def span(batches: Sequence[EncodedBatch]) -> int:
+    """Offsets a run of batches occupies once they follow each other."""
+    return sum(b.last_offset - b.base_offset + 1 for b in batches)
+
+
+class Producer:
+    def __init__(self, cluster, *, transaction_timeout_ms: Optional[int] = None):
+        self.cluster = cluster
+        self.timeout_ms = transaction_timeout_ms or cluster.transaction_timeout_ms
+
+    def encode(self, topic: str, records: Sequence[Record], *, compression=None,
+               batch_records: int = 1000, state=None) -> List[EncodedBatch]:
+        """Encode records with the topic's message format and codec (``compression.type``)."""
+        config = self.cluster.topic_config(topic, state)
+        magic = config.magic
+        codec = compression
+        if codec is None:
+            codec = 0 if config.compression_type == "producer" else config.compression_type
+        codec = codecs.codec_id(codec)
+        codecs.check_codec(codec, magic)
+        out = []
+        for i in range(0, len(records), batch_records):
+            chunk = list(records[i:i + batch_records])
+            if magic == 0:
+                chunk = [r._replace(timestamp=-1, headers=()) for r in chunk]
+            elif any(r.headers for r in chunk) and magic < 2:
+                raise InvalidRecordError(f"topic {topic!r} uses message format {magic}, "
+                                         "which has no record headers")
+            out.append(encode_records(chunk, magic=magic, compression=codec))
+        return out
+
+    def write(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]]) -> PendingWrite:
+        """Reserve offsets for every partition in one entry, then write their segments."""
+        batches = {tp: list(b) for tp, b in batches.items() if b}
+        if not batches:
+            raise InvalidRecordError("nothing to write")
+        cluster = self.cluster
+        state = cluster.state()
+        cluster.abort_expired(state)   # dead writers must not hold the high watermark for long
+        txn = uuid.uuid4().hex
+        counts = {tp_key(*tp): span(b) for tp, b in batches.items()}
+        result = cluster.submit_one({"op": "reserve", "txn": txn,
+                                     "producer": cluster.metalog.writer_id,
+                                     "timeout_ms": self.timeout_ms,
+                                     "principal": cluster.principal, "partitions": counts})
+        pending = PendingWrite(txn, result["ranges"])
+        state = cluster.state(refresh=False)
+        now = cluster.now_ms()
+        try:
+            for tp, bs in batches.items():
+                key = tp_key(*tp)
+                start, end, epoch = pending.ranges[key]
+                config = state.topic_config(tp[0])
+                stamped, nxt = [], start
+                for b in bs:
+                    b = assign_offsets(b, nxt, epoch)
+                    if config.message_timestamp_type == LOG_APPEND_TIME:
+                        b = assign_log_append_time(b, now)
+                    stamped.append(b)
+                    nxt = b.last_offset + 1
+                assert nxt == end, (nxt, end)
+                pending.segments[key] = write_segments(
+                    cluster.storage, cluster.partition_dir(*tp, state=state), stamped, config)
+        except BaseException:
+            self._try_abort([pending])
+            raise
+        return pending
+
+    def commit(self, pending: Iterable[PendingWrite]) -> None:
+        """Make every pending write visible at once, or raise (and then none is visible)."""
+        pending = list(pending)
+        if not pending:
+            return
+        cluster = self.cluster
+        _, state, results = cluster.submit([{"op": "commit", "txns": [p.txn for p in pending]}])
+        result = results[0]
+        if result.get("error") != "NONE":
+            self._try_abort(pending)
+            raise error_for(result["error"], result.get("message", ""))
+        tps = sorted({split_key(k) for p in pending for k in p.ranges})
+        sync_checkpoints(cluster, state, tps)
+
+    def abort(self, pending: Iterable[PendingWrite]) -> None:
+        pending = list(pending)
+        if pending:
+            self.cluster.submit([{"op": "abort", "txns": [p.txn for p in pending],
+                                  "reason": "aborted by writer"}])
+            self._delete_files(pending)
+
+    def _try_abort(self, pending: List[PendingWrite]) -> None:
+        try:
+            self.abort(pending)
+        except Exception:
+            pass   # expiry will abort it; cleanup will delete the files
+
+    def _delete_files(self, pending: List[PendingWrite]) -> None:
+        cluster = self.cluster
+        state = cluster.state(refresh=False)
+        for p in pending:
+            for key, bases in p.segments.items():
+                tp = split_key(key)
+                try:
+                    d = cluster.partition_dir(*tp, state=state)
+                except UnknownTopicOrPartitionError:
+                    continue
+                for base in bases:
+                    for suffix in (".log", ".index", ".timeindex"):
+                        cluster.storage.delete(f"{d}/{base:020d}{suffix}")
+
+    def send(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]]
+             ) -> Dict[TopicPartition, Tuple[int, int]]:
+        """Reserve, write and commit in one call; returns (first, last) offset per partition."""
+        pending = self.write(batches)
+        self.commit([pending])
+        return pending.offsets()
+
+
