@@ -220,16 +220,25 @@ class Cluster:
         return f"{logdir}/{topic}-{partition}"
 
     def partition_view(self, topic: str, partition: int, state: Optional[ClusterState] = None,
-                       stats: Optional[ReadStats] = None) -> PartitionView:
+                       stats: Optional[ReadStats] = None,
+                       isolation_level: str = "read_committed") -> PartitionView:
+        """The partition as a reader may see it: committed data below the high watermark, or
+        with ``read_uncommitted`` also the data of writes not yet decided."""
         state = state or self.state()
         ps = state.partition(topic, partition)
         if ps is None:
             raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}")
+        if isolation_level == "read_committed":
+            visible, end = ps.segment_visible, ps.high_watermark
+        elif isolation_level == "read_uncommitted":
+            visible, end = ps.segment_visible_uncommitted, ps.next_offset
+        else:
+            raise InvalidConfigError(f"isolation level must be read_committed or "
+                                     f"read_uncommitted, got {isolation_level!r}")
         log = PartitionLog(self.storage, self.partition_dir(topic, partition, state=state),
                            state.topic_config(topic), log_start_offset=ps.log_start_offset,
-                           stats=stats, segment_filter=ps.segment_visible,
-                           high_watermark=ps.high_watermark)
-        return PartitionView(topic, partition, ps.log_start_offset, ps.high_watermark, log, ps)
+                           stats=stats, segment_filter=visible, high_watermark=end)
+        return PartitionView(topic, partition, ps.log_start_offset, end, log, ps)
 
     def partitions(self, state: Optional[ClusterState] = None) -> List[Tuple[str, int]]:
         state = state or self.state()

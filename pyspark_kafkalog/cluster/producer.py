@@ -14,6 +14,7 @@ from ..errors import InvalidRecordError, UnknownTopicOrPartitionError
 from ..errors import error_for
 from ..format import codecs
 from ..format.encode import EncodedBatch, assign_log_append_time, assign_offsets, encode_records
+from ..format.partitioner import RoundRobin, partition_for_key
 from ..format.records import LOG_APPEND_TIME, Record
 from ..log.segment_writer import write_segments
 from .checkpoints import sync_checkpoints
@@ -150,6 +151,45 @@ class Producer:
                 for base in bases:
                     for suffix in (".log", ".index", ".timeindex"):
                         cluster.storage.delete(f"{d}/{base:020d}{suffix}")
+
+    def produce(self, topic: str, records: Sequence[Record], *,
+                partition: Optional[int] = None, partitions: Optional[Sequence[Optional[int]]] = None,
+                compression=None, batch_records: int = 1000) -> List[Tuple[int, int]]:
+        """Partition, encode, reserve, write and commit ``records`` as one unit.
+
+        The partition of each record is ``partitions[i]`` or ``partition`` when given, else
+        Kafka's default partitioner: murmur2 of the key, and unkeyed records spread evenly.
+        Returns ``(partition, offset)`` per record, in input order.
+        """
+        state = self.cluster.state()
+        info = state.topics.get(topic)
+        if info is None:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        n = info["partitions"]
+        spread = RoundRobin(n, start=uuid.uuid4().int)
+        chosen = []
+        for i, rec in enumerate(records):
+            p = partitions[i] if partitions is not None else partition
+            if p is None:
+                p = partition_for_key(rec.key, n) if rec.key is not None else spread()
+            if not isinstance(p, int) or not 0 <= p < n:
+                raise UnknownTopicOrPartitionError(
+                    f"partition {p!r} is out of range for topic {topic!r} ({n} partitions)")
+            chosen.append(p)
+        by_partition: Dict[int, List[int]] = {}
+        for i, p in enumerate(chosen):
+            by_partition.setdefault(p, []).append(i)
+        batches = {(topic, p): self.encode(topic, [records[i] for i in idxs],
+                                           compression=compression, batch_records=batch_records,
+                                           state=state)
+                   for p, idxs in by_partition.items()}
+        offsets = self.send(batches)
+        out: List[Tuple[int, int]] = [(-1, -1)] * len(chosen)
+        for p, idxs in by_partition.items():
+            first = offsets[(topic, p)][0]
+            for j, i in enumerate(idxs):
+                out[i] = (p, first + j)
+        return out
 
     def send(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]]
              ) -> Dict[TopicPartition, Tuple[int, int]]:

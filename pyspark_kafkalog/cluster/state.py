@@ -82,6 +82,11 @@ class PartitionState:
         i = bisect.bisect_right([r[0] for r in self.committed], base_offset) - 1
         return i >= 0 and base_offset < self.committed[i][1]
 
+    def segment_visible_uncommitted(self, base_offset: int) -> bool:
+        """read_uncommitted also shows the data of open (undecided) writes."""
+        return (self.segment_visible(base_offset)
+                or any(r[0] <= base_offset < r[1] for r in self.open.values()))
+
     def add_committed(self, start: int, end: int, epoch: int) -> None:
         starts = [r[0] for r in self.committed]
         i = bisect.bisect_left(starts, start)
@@ -346,7 +351,7 @@ class ClusterState:
             if p is None:
                 out[key] = _err("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key}")
                 continue
-            if not self.authorized(principal, topic, "DELETE"):
+            if principal is not None and not self.authorized(principal, topic, "DELETE"):
                 out[key] = _err("TOPIC_AUTHORIZATION_FAILED",
                                 f"{principal} may not delete records of {topic!r}")
                 continue

@@ -1,0 +1,304 @@
+"""``pyspark_kafkalog.admin``: the Python API for a kafkalog cluster, at small scale.
+
+Names and shapes follow Kafka's ``Admin`` client where the meaning is the same
+(``delete_records_before`` is KIP-107's ``deleteRecordsBefore``); results are typed, and errors
+are the typed hierarchy of :mod:`pyspark_kafkalog.errors`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
+
+from ..cluster.cluster import Cluster
+from ..cluster.consumer import EARLIEST, LATEST, iter_records, parse_start, resolve_offset
+from ..cluster.groups import GroupStore, OffsetAndMetadata, require_group
+from ..cluster.maintenance import (DeleteRecordsResult, RetentionPlan, apply_retention,
+                                   collect_garbage, delete_records, plan_retention)
+from ..cluster.producer import Producer
+from ..errors import InvalidConfigError, InvalidRequestError, UnknownTopicOrPartitionError
+from ..format.records import DecodedRecord, Record
+
+__all__ = ["Admin", "TopicPartition", "TopicDescription", "PartitionInfo", "RecordMetadata",
+           "ConsumerRecord", "ListOffsetsResult", "GroupPartitionLag", "DeleteRecordsResult",
+           "RetentionPlan", "OffsetAndMetadata", "EARLIEST", "LATEST"]
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    partition: int
+    replicas: List[str]
+    leader_epoch: int
+    log_start_offset: int
+    high_watermark: int
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    name: str
+    topic_id: str
+    partitions: List[PartitionInfo]
+    configs: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecordMetadata:
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class ConsumerRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: Optional[bytes]
+    value: Optional[bytes]
+    headers: tuple
+    magic: int = 2
+    is_transactional: bool = False
+    producer_id: int = -1
+
+
+@dataclass(frozen=True)
+class ListOffsetsResult:
+    offset: int
+    timestamp: int = -1
+
+
+@dataclass(frozen=True)
+class GroupPartitionLag:
+    topic: str
+    partition: int
+    committed_offset: Optional[int]
+    log_end_offset: int
+    lag: Optional[int]
+
+
+def _describe(raw: dict) -> TopicDescription:
+    return TopicDescription(raw["topic"], raw["topic_id"],
+                            [PartitionInfo(**p) for p in raw["partitions"]], raw["configs"])
+
+
+class Admin:
+    def __init__(self, cluster: Union[str, Cluster], *, principal: Optional[str] = None,
+                 create: bool = True, **options):
+        self.cluster = cluster if isinstance(cluster, Cluster) else Cluster(
+            cluster, principal=principal, create=create, **options)
+        self.groups = GroupStore(self.cluster.storage)
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def create_topic(self, name: str, num_partitions: int = 1, replication_factor: int = 1,
+                     configs: Optional[Mapping[str, object]] = None) -> TopicDescription:
+        return _describe(self.cluster.create_topic(name, num_partitions, replication_factor,
+                                                   dict(configs or {})))
+
+    def delete_topic(self, name: str) -> None:
+        self.cluster.delete_topic(name)
+
+    def list_topics(self) -> List[str]:
+        return self.cluster.list_topics()
+
+    def describe_topic(self, name: str) -> TopicDescription:
+        return _describe(self.cluster.describe_topic(name))
+
+    def alter_configs(self, topic: str, set_configs: Optional[Mapping[str, object]] = None,
+                      delete: Sequence[str] = ()) -> TopicDescription:
+        return _describe(self.cluster.alter_configs(topic, dict(set_configs or {}), list(delete)))
+
+    def create_partitions(self, topic: str, total: int) -> TopicDescription:
+        return _describe(self.cluster.create_partitions(topic, total))
+
+    # -- data ---------------------------------------------------------------------------------
+
+    def produce(self, topic: str, records: Iterable[Union[Record, tuple]], *,
+                partition: Optional[int] = None, compression=None) -> List[RecordMetadata]:
+        """Write records as one atomic unit; returns where each landed (acknowledged)."""
+        recs = [r if isinstance(r, Record) else Record(*r) for r in records]
+        if not recs:
+            return []
+        placed = Producer(self.cluster).produce(topic, recs, partition=partition,
+                                                compression=compression)
+        return [RecordMetadata(topic, p, o) for p, o in placed]
+
+    def _partitions(self, topic: str, partition: Optional[int]) -> List[int]:
+        desc = self.cluster.describe_topic(topic)
+        n = len(desc["partitions"])
+        if partition is None:
+            return list(range(n))
+        if not isinstance(partition, int) or not 0 <= partition < n:
+            raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}")
+        return [partition]
+
+    def consume(self, topic: str, partition: Optional[int] = None, *, start="earliest",
+                max_records: Optional[int] = None, isolation_level: str = "read_committed",
+                group: Optional[str] = None) -> List[ConsumerRecord]:
+        """Committed records, partition by partition. With ``group`` (and ``start`` left at its
+        default), reading resumes from the group's committed offsets, and they are committed."""
+        state = self.cluster.state()
+        spec = parse_start(start) if isinstance(start, str) else start
+        committed = self.groups.fetch(group) if group else {}
+        out: List[ConsumerRecord] = []
+        new_offsets = {}
+        for p in self._partitions(topic, partition):
+            view = self.cluster.partition_view(topic, p, state, isolation_level=isolation_level)
+            if group and (topic, p) in committed and start == "earliest":
+                begin = max(committed[(topic, p)].offset, view.log_start_offset)
+            else:
+                begin = resolve_offset(view, spec)[0]
+            left = None if max_records is None else max_records - len(out)
+            if left is not None and left <= 0:
+                break
+            last = None
+            for r in iter_records(view, begin, max_records=left):
+                out.append(_consumer_record(topic, p, r))
+                last = r.offset
+            if group:
+                new_offsets[(topic, p)] = OffsetAndMetadata(begin if last is None else last + 1)
+        if group and new_offsets:
+            self.groups.commit(group, new_offsets, now_ms=self.cluster.now_ms())
+        return out
+
+    def list_offsets(self, specs: Mapping[TopicPartition, object],
+                     isolation_level: str = "read_committed") -> Dict[TopicPartition, ListOffsetsResult]:
+        """earliest / latest / a timestamp in ms (Kafka's ``offsetsForTimes``) per partition."""
+        state = self.cluster.state()
+        out = {}
+        for tp, spec in specs.items():
+            tp = TopicPartition(*tp)
+            view = self.cluster.partition_view(tp.topic, tp.partition, state,
+                                               isolation_level=isolation_level)
+            if isinstance(spec, int) and not isinstance(spec, bool):
+                spec = ("timestamp", spec)
+            offset, ts = resolve_offset(view, spec)
+            out[tp] = ListOffsetsResult(offset, ts)
+        return out
+
+    def delete_records_before(self, offsets: Mapping[TopicPartition, int]
+                              ) -> Dict[TopicPartition, DeleteRecordsResult]:
+        """KIP-107: per partition the new low watermark, or an error (``-1`` = high watermark)."""
+        res = delete_records(self.cluster, {TopicPartition(*tp): o for tp, o in offsets.items()})
+        return {TopicPartition(*tp): r for tp, r in res.items()}
+
+    def retention(self, *, dry_run: bool = False, now_ms: Optional[int] = None,
+                  partitions: Optional[List[TopicPartition]] = None) -> List[RetentionPlan]:
+        state = self.cluster.state()
+        now = self.cluster.now_ms() if now_ms is None else now_ms
+        plans = plan_retention(self.cluster, state, now,
+                               [tuple(tp) for tp in partitions] if partitions else None)
+        if not dry_run:
+            apply_retention(self.cluster, plans)
+        return plans
+
+    def cleanup(self) -> Dict[str, List[str]]:
+        return collect_garbage(self.cluster)
+
+    def describe_log_dirs(self) -> Dict[str, Dict[TopicPartition, int]]:
+        """Bytes on storage per partition replica, per log dir (visible segments only)."""
+        state = self.cluster.state()
+        out: Dict[str, Dict[TopicPartition, int]] = {d: {} for d in self.cluster.logdirs}
+        for topic, p in self.cluster.partitions(state):
+            view = self.cluster.partition_view(topic, p, state)
+            for d in state.topics[topic]["replicas"][p]:
+                out.setdefault(d, {})[TopicPartition(topic, p)] = view.log.size_in_bytes()
+        return out
+
+    # -- consumer groups ----------------------------------------------------------------------
+
+    def list_groups(self) -> List[str]:
+        return self.groups.list_groups()
+
+    def list_group_offsets(self, group: str) -> Dict[TopicPartition, OffsetAndMetadata]:
+        return {TopicPartition(*tp): om for tp, om in self.groups.fetch(group).items()}
+
+    def commit_group_offsets(self, group: str, offsets: Mapping[TopicPartition, object]) -> None:
+        state = self.cluster.state()
+        clean = {}
+        for tp, om in offsets.items():
+            om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
+            if state.partition(*tp) is None:
+                raise UnknownTopicOrPartitionError(f"no partition {tp[0]}-{tp[1]}")
+            clean[tuple(tp)] = om
+        self.groups.commit(group, clean, now_ms=self.cluster.now_ms())
+
+    def describe_group(self, group: str) -> List[GroupPartitionLag]:
+        """Committed offset, log end (high watermark) and lag per partition of the group's topics."""
+        committed = require_group(self.groups, group)
+        state = self.cluster.state()
+        topics = sorted({t for t, _ in committed})
+        out = []
+        for topic in topics:
+            if topic not in state.topics:
+                continue
+            for p in range(state.topics[topic]["partitions"]):
+                hw = state.partition(topic, p).high_watermark
+                om = committed.get((topic, p))
+                out.append(GroupPartitionLag(topic, p, om.offset if om else None, hw,
+                                             None if om is None else max(hw - om.offset, 0)))
+        return out
+
+    def reset_group_offsets(self, group: str, topic: str, *, to: str = "earliest",
+                            timestamp_ms: Optional[int] = None, shift: Optional[int] = None,
+                            dry_run: bool = False) -> Dict[TopicPartition, int]:
+        """Kafka's ``--reset-offsets``: ``to`` is earliest, latest, timestamp or shift."""
+        state = self.cluster.state()
+        if topic not in state.topics:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        committed = self.groups.fetch(group)
+        new = {}
+        for p in range(state.topics[topic]["partitions"]):
+            view = self.cluster.partition_view(topic, p, state)
+            if to == "earliest":
+                off = view.log_start_offset
+            elif to == "latest":
+                off = view.high_watermark
+            elif to == "timestamp":
+                if timestamp_ms is None:
+                    raise InvalidConfigError("reset to a timestamp needs timestamp_ms")
+                off = resolve_offset(view, ("timestamp", timestamp_ms))[0]
+            elif to == "shift":
+                if shift is None:
+                    raise InvalidConfigError("reset by shift needs shift")
+                cur = committed.get((topic, p))
+                base = cur.offset if cur else view.log_start_offset
+                off = min(max(base + shift, view.log_start_offset), view.high_watermark)
+            else:
+                raise InvalidRequestError(f"unknown reset target {to!r}: earliest, latest, "
+                                          "timestamp or shift")
+            new[TopicPartition(topic, p)] = off
+        if not dry_run:
+            self.groups.commit(group, {tp: OffsetAndMetadata(o) for tp, o in new.items()},
+                               now_ms=self.cluster.now_ms())
+        return new
+
+    def delete_group(self, group: str) -> None:
+        self.groups.delete(group)
+
+    # -- ACLs ---------------------------------------------------------------------------------
+
+    def add_acl(self, principal: str, topic: str, operation: str, permission: str = "ALLOW") -> None:
+        self.cluster.submit_one({"op": "acl", "add": [{"principal": principal, "topic": topic,
+                                                       "operation": operation.upper(),
+                                                       "permission": permission.upper()}]})
+
+    def remove_acl(self, principal: str, topic: str, operation: str,
+                   permission: str = "ALLOW") -> None:
+        self.cluster.submit_one({"op": "acl", "remove": [{"principal": principal, "topic": topic,
+                                                          "operation": operation.upper(),
+                                                          "permission": permission.upper()}]})
+
+    def list_acls(self) -> List[dict]:
+        return list(self.cluster.state().acls)
+
+
+def _consumer_record(topic: str, partition: int, r: DecodedRecord) -> ConsumerRecord:
+    return ConsumerRecord(topic, partition, r.offset, r.timestamp, r.timestamp_type, r.key,
+                          r.value, tuple(r.headers), r.magic, r.is_transactional, r.producer_id)

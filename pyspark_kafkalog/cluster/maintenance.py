@@ -1,0 +1,203 @@
+"""Deleting data and cleaning up: DeleteRecords (KIP-107), retention, and garbage collection.
+
+All of it only raises log start offsets through the metadata log and then deletes files that no
+reader may select any more (docs/protocol.md, §6-§7), so any number of these can run at once, be
+killed at any point, and be re-run: the next run finishes what the last one started.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from ..errors import KafkaLogError, error_for
+from ..log.segment import LogSegment
+from .checkpoints import sync_checkpoints
+from .state import ClusterState, split_key, tp_key
+
+TopicPartition = Tuple[str, int]
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
+SEGMENT_SUFFIXES = (".log", ".index", ".timeindex", ".txnindex")
+
+
+@dataclass
+class DeleteRecordsResult:
+    """KIP-107's per-partition answer: the new low watermark, or an error."""
+
+    low_watermark: int = -1
+    error: Optional[KafkaLogError] = None
+
+
+@dataclass
+class RetentionPlan:
+    topic: str
+    partition: int
+    log_start_offset: int
+    new_log_start_offset: int
+    segments: List[int] = field(default_factory=list)     # base offsets to delete
+    bytes: int = 0
+    reason: str = ""
+
+
+def _segments(cluster, state: ClusterState, topic: str, partition: int) -> List[LogSegment]:
+    return cluster.partition_view(topic, partition, state).log.segments
+
+
+def delete_below_log_start(cluster, state: ClusterState, topic: str, partition: int) -> List[int]:
+    """Kafka's rule over the visible segments: a segment goes when the next one's base offset
+    is <= the log start offset; the newest one never goes this way."""
+    ps = state.partition(topic, partition)
+    segs = _segments(cluster, state, topic, partition)
+    deleted = []
+    for seg, nxt in zip(segs, segs[1:]):
+        if nxt.base_offset <= ps.log_start_offset:
+            seg.delete()
+            deleted.append(seg.base_offset)
+        else:
+            break
+    # segments no longer visible at all (their committed range now lies wholly below the log
+    # start offset) go too; nothing at or above the log start offset is touched
+    d = cluster.partition_dir(topic, partition, state=state)
+    visible = {s.base_offset for s in segs}
+    for info in cluster.storage.list(d):
+        m = _SEGMENT_FILE.match(info.name)
+        if m and m.group(2) == "log":
+            base = int(m.group(1))
+            if base < ps.log_start_offset and base not in visible and base not in deleted:
+                LogSegment(cluster.storage, d, base).delete()
+                deleted.append(base)
+    return sorted(deleted)
+
+
+def delete_records(cluster, offsets: Mapping[TopicPartition, int]
+                   ) -> Dict[TopicPartition, DeleteRecordsResult]:
+    """``deleteRecordsBefore``: one metadata entry for every partition, then file deletion."""
+    results: Dict[TopicPartition, DeleteRecordsResult] = {}
+    request = {}
+    for (topic, partition), offset in offsets.items():
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < -1:
+            results[(topic, partition)] = DeleteRecordsResult(
+                error=error_for("OFFSET_OUT_OF_RANGE", f"invalid offset {offset!r} for "
+                                f"{topic}-{partition}: must be >= 0, or -1 for the high watermark"))
+            continue
+        request[tp_key(topic, partition)] = offset
+    if not request:
+        return results
+    _, state, res = cluster.submit([{"op": "set_log_start", "partitions": request,
+                                     "principal": cluster.principal}])
+    per = res[0].get("partitions", {}) if res[0].get("error") == "NONE" else {
+        k: res[0] for k in request}
+    done = []
+    for key, r in per.items():
+        tp = split_key(key)
+        if r.get("error") == "NONE":
+            results[tp] = DeleteRecordsResult(low_watermark=r["low_watermark"])
+            done.append(tp)
+        else:
+            results[tp] = DeleteRecordsResult(error=error_for(r["error"], r.get("message", "")))
+    for tp in done:
+        delete_below_log_start(cluster, state, *tp)
+    sync_checkpoints(cluster, state, done)
+    return results
+
+
+def plan_retention(cluster, state: ClusterState, now_ms: int,
+                   partitions: Optional[List[TopicPartition]] = None) -> List[RetentionPlan]:
+    """Which whole segments ``retention.ms`` (by each segment's largest timestamp, KIP-32) and
+    ``retention.bytes`` (per partition) remove, and the log start offset that follows."""
+    plans = []
+    for topic, partition in partitions or cluster.partitions(state):
+        config = state.topic_config(topic)
+        if "delete" not in config.cleanup_policy:
+            continue
+        ps = state.partition(topic, partition)
+        segs = _segments(cluster, state, topic, partition)
+        sizes = [s.size() for s in segs]
+        total = sum(sizes)
+        cut, reasons = 0, set()
+        while cut < len(segs):
+            seg = segs[cut]
+            by_time = (config.retention_ms >= 0
+                       and now_ms - seg.largest_timestamp() > config.retention_ms)
+            by_size = config.retention_bytes >= 0 and total - sizes[cut] >= config.retention_bytes
+            if not (by_time or by_size):
+                break
+            reasons.add("retention.ms" if by_time else "retention.bytes")
+            total -= sizes[cut]
+            cut += 1
+        if cut == 0:
+            continue
+        new_lso = segs[cut].base_offset if cut < len(segs) else ps.high_watermark
+        plans.append(RetentionPlan(topic, partition, ps.log_start_offset,
+                                   max(new_lso, ps.log_start_offset),
+                                   [s.base_offset for s in segs[:cut]], sum(sizes[:cut]),
+                                   ",".join(sorted(reasons))))
+    return plans
+
+
+def apply_retention(cluster, plans: List[RetentionPlan]) -> ClusterState:
+    """One ``set_log_start`` entry for every partition trimmed, then the file deletions."""
+    state = cluster.state()
+    if not plans:
+        return state
+    # retention is the cluster's own policy, not a user's request: no principal, no ACL check
+    _, state, _ = cluster.submit([{"op": "set_log_start", "principal": None, "reason": "retention",
+                                   "partitions": {tp_key(p.topic, p.partition):
+                                                  p.new_log_start_offset for p in plans}}])
+    for p in plans:
+        if state.partition(p.topic, p.partition) is None:
+            continue
+        # segments wholly below the new log start offset are no longer visible: delete them
+        d = cluster.partition_dir(p.topic, p.partition, state=state)
+        for base in p.segments:
+            LogSegment(cluster.storage, d, base).delete()
+        delete_below_log_start(cluster, state, p.topic, p.partition)
+    sync_checkpoints(cluster, state, [(p.topic, p.partition) for p in plans])
+    return state
+
+
+def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str, List[str]]:
+    """Remove what dead, aborted or fenced writers left (docs/protocol.md, §7).
+
+    The state is replayed *before* listing files: a segment written after that replay belongs to
+    a reservation at or above the state's ``next_offset`` and is left alone.
+    """
+    cluster.abort_expired()
+    state = cluster.state()
+    removed: Dict[str, List[str]] = {"segments": [], "dirs": [], "temp": []}
+    live_dirs = {}
+    for topic, info in state.topics.items():
+        for p, replicas in enumerate(info["replicas"]):
+            for d in replicas:
+                live_dirs[f"{d}/{topic}-{p}"] = (topic, p)
+    for logdir in cluster.logdirs:
+        removed["temp"] += cluster.storage.cleanup_temp_files(logdir, temp_file_max_age_s)
+        for name in cluster.storage.list_dirs(logdir):
+            path = f"{logdir}/{name}"
+            if path not in live_dirs:
+                if "-" in name and name.rpartition("-")[2].isdigit():
+                    cluster.storage.delete_tree(path)   # a deleted topic's partition
+                    removed["dirs"].append(path)
+                continue
+            topic, p = live_dirs[path]
+            ps = state.partition(topic, p)
+            removed["temp"] += cluster.storage.cleanup_temp_files(path, temp_file_max_age_s)
+            bases = {}
+            for info in cluster.storage.list(path):
+                m = _SEGMENT_FILE.match(info.name)
+                if m:
+                    bases.setdefault(int(m.group(1)), set()).add(m.group(2))
+            open_ranges = list(ps.open.values())
+            for base, kinds in sorted(bases.items()):
+                if base >= ps.next_offset or any(r[0] <= base < r[1] for r in open_ranges):
+                    continue          # an in-flight write, or newer than our replay
+                if ps.segment_visible(base) and "log" in kinds:
+                    continue
+                for suffix in SEGMENT_SUFFIXES:
+                    cluster.storage.delete(f"{path}/{base:020d}{suffix}")
+                removed["segments"].append(f"{path}/{base:020d}")
+            removed["segments"] += [f"{path}/{b:020d}" for b in
+                                    delete_below_log_start(cluster, state, topic, p)]
+    sync_checkpoints(cluster, state, cluster.partitions(state))
+    return removed
+
