@@ -112,6 +112,8 @@ class PartitionLog:
 
     @property
     def log_start_offset(self) -> int:
+        if self.high_watermark is not None:   # under the cluster protocol: the metadata's word
+            return self._checkpointed_log_start or 0
         first = self.segments[0].base_offset if self.segments else 0
         if self._checkpointed_log_start is None:
             return first

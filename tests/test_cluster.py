@@ -1,0 +1,293 @@
+"""The cluster protocol in one process: metadata log, visibility, KIP-107, retention, groups."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from pyspark_kafkalog.admin import Admin, TopicPartition as TP
+from pyspark_kafkalog.cluster.cluster import Cluster
+from pyspark_kafkalog.cluster.metalog import MetadataLog
+from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.errors import (FencedLeaderEpochError, InvalidConfigError, InvalidTopicError,
+                                     OffsetOutOfRangeError, TopicAlreadyExistsError,
+                                     TopicAuthorizationFailedError, UnknownTopicOrPartitionError)
+from pyspark_kafkalog.format import checkpoint as ckpt
+from pyspark_kafkalog.format.columnar import decode_records
+from pyspark_kafkalog.format.records import Record
+
+
+class Clock:
+    def __init__(self, t=1_700_000_000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def _recs(n, start=0, ts=1_000):
+    return [Record(b"k%d" % (start + i), b"v%d" % (start + i), ts + i) for i in range(n)]
+
+
+@pytest.fixture
+def admin(tmp_path):
+    return Admin(str(tmp_path / "c"))
+
+
+def _visible(admin, topic, p=None):
+    return [(r.partition, r.offset, r.value) for r in admin.consume(topic, p)]
+
+
+def test_topics_create_describe_alter_delete(admin):
+    d = admin.create_topic("orders", 3, configs={"retention.ms": 1000})
+    assert [p.partition for p in d.partitions] == [0, 1, 2]
+    assert d.configs == {"retention.ms": "1000"}
+    with pytest.raises(TopicAlreadyExistsError):
+        admin.create_topic("orders")
+    for bad in ("", ".", "..", "a/b", "x" * 250, "sp ace"):
+        with pytest.raises(InvalidTopicError):
+            admin.create_topic(bad)
+    with pytest.raises(InvalidConfigError, match="retention.mss"):
+        admin.create_topic("t2", configs={"retention.mss": 1})
+    with pytest.raises(InvalidConfigError):
+        admin.alter_configs("orders", {"segment.bytes": "nope"})
+    assert admin.alter_configs("orders", {"segment.bytes": 5000}, ["retention.ms"]).configs == {
+        "segment.bytes": "5000"}
+    assert admin.create_partitions("orders", 5).partitions[-1].partition == 4
+    assert admin.list_topics() == ["orders"]
+    admin.produce("orders", _recs(10))
+    admin.delete_topic("orders")
+    assert admin.list_topics() == []
+    with pytest.raises(UnknownTopicOrPartitionError):
+        admin.describe_topic("orders")
+    # a new incarnation starts empty: nothing of the old one comes back
+    admin.create_topic("orders", 1)
+    assert _visible(admin, "orders") == []
+
+
+def test_state_is_the_same_for_every_reader_and_survives_snapshots(tmp_path):
+    url = str(tmp_path / "c")
+    a = Admin(Cluster(url, snapshot_interval=3))
+    a.create_topic("t", 2)
+    for i in range(10):
+        a.produce("t", _recs(3, 3 * i), partition=i % 2)
+    fresh = MetadataLog(a.cluster.storage)
+    s1, s2 = a.cluster.state(), fresh.state()
+    assert s1.to_snapshot() == s2.to_snapshot()
+    snaps = [n for n in os.listdir(tmp_path / "c" / "_kafkalog" / "log") if "snapshot" in n]
+    assert len(snaps) >= 3
+    # entries below the second-newest snapshot may go; a new reader still gets the same state
+    removed = a.cluster.metalog.cleanup(min_age_ms=0)
+    assert removed
+    assert MetadataLog(a.cluster.storage).state().to_snapshot() == s1.to_snapshot()
+
+
+def test_an_open_write_holds_back_the_high_watermark(admin):
+    admin.create_topic("t")
+    prod = Producer(admin.cluster)
+    admin.produce("t", _recs(3))
+    pending = prod.write({("t", 0): prod.encode("t", _recs(4, 100))})
+    admin.produce("t", _recs(2, 200))                 # committed, but after the open write
+    assert admin.describe_topic("t").partitions[0].high_watermark == 3
+    assert [o for _, o, _ in _visible(admin, "t")] == [0, 1, 2]
+    prod.commit([pending])
+    assert [o for _, o, _ in _visible(admin, "t")] == list(range(9))
+
+
+def test_an_aborted_write_leaves_a_gap_and_no_files(admin, tmp_path):
+    admin.create_topic("t")
+    prod = Producer(admin.cluster)
+    admin.produce("t", _recs(3))
+    pending = prod.write({("t", 0): prod.encode("t", _recs(4, 100))})
+    prod.abort([pending])
+    admin.produce("t", _recs(2, 200))
+    assert [o for _, o, _ in _visible(admin, "t")] == [0, 1, 2, 7, 8]
+    logs = sorted(p.name for p in (tmp_path / "c" / "logdir-0" / "t-0").glob("*.log"))
+    assert logs == ["00000000000000000000.log", "00000000000000000007.log"]
+
+
+def test_expired_writes_are_aborted_and_a_late_commit_is_fenced(tmp_path):
+    clock = Clock()
+    cluster = Cluster(str(tmp_path / "c"), clock=clock, transaction_timeout_ms=5_000)
+    admin = Admin(cluster)
+    admin.create_topic("t", 2)
+    zombie = Producer(Cluster(str(tmp_path / "c"), clock=clock, transaction_timeout_ms=5_000))
+    pending = zombie.write({("t", 0): zombie.encode("t", _recs(5)),
+                            ("t", 1): zombie.encode("t", _recs(5))})
+    clock.t += 10
+    admin.produce("t", _recs(2, 50), partition=0)     # a writer aborts expired writes first
+    with pytest.raises(FencedLeaderEpochError):
+        zombie.commit([pending])
+    assert [o for _, o, _ in _visible(admin, "t")] == [5, 6]
+    assert admin.describe_topic("t").partitions[1].high_watermark == 5
+
+
+def test_commit_after_the_deadline_is_rejected_even_without_an_abort(tmp_path):
+    clock = Clock()
+    cluster = Cluster(str(tmp_path / "c"), clock=clock, transaction_timeout_ms=1_000)
+    Admin(cluster).create_topic("t")
+    prod = Producer(cluster)
+    pending = prod.write({("t", 0): prod.encode("t", _recs(2))})
+    clock.t += 2
+    with pytest.raises(FencedLeaderEpochError, match="deadline"):
+        prod.commit([pending])
+    assert Admin(cluster).consume("t") == []
+
+
+def test_one_commit_makes_many_writes_visible_together(admin):
+    admin.create_topic("a", 3)
+    admin.create_topic("b", 2)
+    prod = Producer(admin.cluster)
+    pendings = [prod.write({(t, p): prod.encode(t, _recs(2, 10 * p))})
+                for t, n in (("a", 3), ("b", 2)) for p in range(n)]
+    assert _visible(admin, "a") == [] and _visible(admin, "b") == []
+    prod.commit(pendings)
+    assert len(_visible(admin, "a")) == 6 and len(_visible(admin, "b")) == 4
+
+
+def test_leader_epoch_changes_with_the_writer(tmp_path):
+    url = str(tmp_path / "c")
+    a = Admin(url)
+    a.create_topic("t")
+    a.produce("t", _recs(2))
+    a.produce("t", _recs(2))
+    Admin(url).produce("t", _recs(3))        # another process: the right to write changed hands
+    assert a.describe_topic("t").partitions[0].leader_epoch == 1
+    text = (tmp_path / "c" / "logdir-0" / "t-0" / "leader-epoch-checkpoint").read_text()
+    assert ckpt.parse_leader_epoch_checkpoint(text) == [(0, 0), (1, 4)]
+    epochs = set()
+    for f in sorted((tmp_path / "c" / "logdir-0" / "t-0").glob("*.log")):
+        epochs |= {(r.offset >= 4, r.partition_leader_epoch) for r in decode_records(f.read_bytes())}
+    assert epochs == {(False, 0), (True, 1)}
+
+
+def test_kafka_checkpoints_follow_the_metadata(admin, tmp_path):
+    admin.create_topic("t", 2)
+    admin.produce("t", _recs(5), partition=0)
+    admin.produce("t", _recs(3), partition=1)
+    admin.delete_records_before({TP("t", 0): 2})
+    root = tmp_path / "c" / "logdir-0"
+    read = lambda name: ckpt.parse_offset_checkpoint((root / name).read_text())
+    assert read("replication-offset-checkpoint") == {("t", 0): 5, ("t", 1): 3}
+    assert read("recovery-point-offset-checkpoint") == {("t", 0): 5, ("t", 1): 3}
+    assert read("log-start-offset-checkpoint") == {("t", 0): 2, ("t", 1): 0}
+    meta = ckpt.parse_meta_properties((root / "meta.properties").read_text("latin-1"))
+    assert meta["version"] == "1" and meta["cluster.id"] == admin.cluster.cluster_id
+
+
+# -- KIP-107 -------------------------------------------------------------------------------------
+
+def test_kip107_delete_records_table(admin, tmp_path):
+    admin.create_topic("t", 2, configs={"segment.bytes": 300})
+    for i in range(6):
+        admin.produce("t", _recs(5, 5 * i), partition=0)
+    admin.produce("t", _recs(4), partition=1)
+    seg_dir = tmp_path / "c" / "logdir-0" / "t-0"
+    before = sorted(seg_dir.glob("*.log"))
+    assert len(before) == 6
+    res = admin.delete_records_before({TP("t", 0): 12, TP("t", 1): -1, TP("t", 5): 1,
+                                       TP("nope", 0): 1})
+    assert res[TP("t", 0)].low_watermark == 12 and res[TP("t", 0)].error is None
+    assert res[TP("t", 1)].low_watermark == 4                      # -1 = the high watermark
+    assert isinstance(res[TP("t", 5)].error, UnknownTopicOrPartitionError)
+    assert isinstance(res[TP("nope", 0)].error, UnknownTopicOrPartitionError)
+    # above the high watermark: OffsetOutOfRange, and nothing changes
+    res = admin.delete_records_before({TP("t", 0): 31})
+    assert isinstance(res[TP("t", 0)].error, OffsetOutOfRangeError)
+    assert admin.describe_topic("t").partitions[0].log_start_offset == 12
+    # idempotent repeats and lower offsets keep the low watermark
+    for off in (12, 3):
+        assert admin.delete_records_before({TP("t", 0): off})[TP("t", 0)].low_watermark == 12
+    # whole segments below the log start offset are gone; the one holding it stays
+    after = sorted(p.name for p in seg_dir.glob("*.log"))
+    assert after == [p.name for p in before[2:]]
+    # the checkpoint file says the same
+    lso = ckpt.parse_offset_checkpoint(
+        (tmp_path / "c" / "logdir-0" / "log-start-offset-checkpoint").read_text())
+    assert lso[("t", 0)] == 12 and lso[("t", 1)] == 4
+    # reads below the log start offset fail; earliest means the log start offset
+    with pytest.raises(OffsetOutOfRangeError):
+        admin.consume("t", 0, start=11)
+    assert admin.consume("t", 0)[0].offset == 12
+    assert admin.list_offsets({TP("t", 0): "earliest"})[TP("t", 0)].offset == 12
+
+
+def test_kip107_authorization(tmp_path):
+    url = str(tmp_path / "c")
+    owner = Admin(url, principal="User:owner")
+    owner.create_topic("t")
+    owner.produce("t", _recs(5))
+    owner.add_acl("User:owner", "t", "ALL", "ALLOW")
+    intruder = Admin(url, principal="User:mallory")
+    res = intruder.delete_records_before({TP("t", 0): 3})
+    assert isinstance(res[TP("t", 0)].error, TopicAuthorizationFailedError)
+    assert owner.describe_topic("t").partitions[0].log_start_offset == 0
+    with pytest.raises(TopicAuthorizationFailedError):
+        intruder.produce("t", _recs(1))
+    assert owner.delete_records_before({TP("t", 0): 3})[TP("t", 0)].low_watermark == 3
+    owner.add_acl("User:mallory", "t", "DELETE", "ALLOW")
+    assert intruder.delete_records_before({TP("t", 0): 4})[TP("t", 0)].low_watermark == 4
+    owner.add_acl("User:mallory", "*", "DELETE", "DENY")          # DENY wins
+    assert intruder.delete_records_before({TP("t", 0): 5})[TP("t", 0)].error is not None
+
+
+# -- retention -----------------------------------------------------------------------------------
+
+def test_retention_ms_uses_each_segments_largest_timestamp(admin):
+    admin.create_topic("t", configs={"retention.ms": 1000, "segment.bytes": 100})
+    for i in range(5):                       # one segment per write, timestamps 10s apart
+        admin.produce("t", [Record(b"k", b"v" * 40, 10_000 * (i + 1))])
+    plans = admin.retention(now_ms=35_500, dry_run=True)
+    assert [p.segments for p in plans] == [[0, 1, 2]]       # largest ts 10k, 20k, 30k < 34.5k
+    assert admin.describe_topic("t").partitions[0].log_start_offset == 0
+    admin.retention(now_ms=35_500)
+    assert admin.describe_topic("t").partitions[0].log_start_offset == 3
+    assert [r.offset for r in admin.consume("t")] == [3, 4]
+    assert admin.retention(now_ms=35_500) == []             # idempotent
+
+
+def test_retention_bytes_per_partition_deletes_whole_segments(admin):
+    admin.create_topic("t", 2, configs={"retention.bytes": 250, "segment.bytes": 100,
+                                        "retention.ms": -1})
+    for i in range(6):
+        admin.produce("t", [Record(b"k", b"v" * 40, i)], partition=0)
+    admin.produce("t", [Record(b"k", b"v" * 40, 0)], partition=1)
+    size = admin.describe_log_dirs()["logdir-0"][TP("t", 0)]
+    seg = size // 6
+    plans = admin.retention()
+    # Kafka's rule: delete the oldest segment while what remains is still >= retention.bytes
+    assert [(p.partition, len(p.segments)) for p in plans] == [(0, 3)]
+    left = admin.describe_log_dirs()["logdir-0"][TP("t", 0)]
+    assert left == 3 * seg and left >= 250 > left - seg
+    assert [r.offset for r in admin.consume("t", 0)] == [3, 4, 5]
+
+
+def test_retention_spares_compacted_topics(admin):
+    admin.create_topic("t", configs={"retention.ms": 1, "cleanup.policy": "compact"})
+    admin.produce("t", [Record(b"k", b"v", 1)])
+    assert admin.retention(now_ms=10**12) == []
+
+
+# -- consumer groups -----------------------------------------------------------------------------
+
+def test_groups_commit_describe_reset(admin):
+    admin.create_topic("t", 2)
+    admin.produce("t", _recs(6), partition=0)
+    admin.produce("t", _recs(4), partition=1)
+    got = admin.consume("t", 0, group="g", max_records=4)
+    assert [r.offset for r in got] == [0, 1, 2, 3]
+    assert [r.offset for r in admin.consume("t", 0, group="g")] == [4, 5]
+    lag = {(l.topic, l.partition): (l.committed_offset, l.log_end_offset, l.lag)
+           for l in admin.describe_group("g")}
+    assert lag == {("t", 0): (6, 6, 0), ("t", 1): (None, 4, None)}
+    assert admin.reset_group_offsets("g", "t", to="shift", shift=-2) == {TP("t", 0): 4,
+                                                                         TP("t", 1): 0}
+    assert admin.reset_group_offsets("g", "t", to="timestamp", timestamp_ms=1_002) == {
+        TP("t", 0): 2, TP("t", 1): 2}
+    assert admin.reset_group_offsets("g", "t", to="latest", dry_run=True) == {
+        TP("t", 0): 6, TP("t", 1): 4}
+    assert admin.list_group_offsets("g")[TP("t", 0)].offset == 2
+    assert admin.list_groups() == ["g"]
+    admin.delete_group("g")
+    assert admin.list_groups() == []
