@@ -53,3 +53,19 @@ def golden_copy(tmp_path):
 
 def pytest_report_header(config):
     return f"kafka-golden: {GOLDEN} ({len(CASES)} cases)"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole run (JVM start-up is the expensive part)."""
+    import sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    session = (SparkSession.builder.master("local[2]").appName("kafkalog-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.driver.memory", "1g")
+               .getOrCreate())
+    yield session
+    session.stop()

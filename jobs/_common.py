@@ -1,0 +1,41 @@
+"""Shared plumbing for the spark-submit jobs: the session, and fanning work out per partition.
+
+Executors rebuild the cluster state from a snapshot the driver broadcasts, so every task sees
+exactly the metadata the driver planned against, and none of them replays the metadata log.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, List, Sequence, Tuple, TypeVar
+
+T = TypeVar("T")
+
+
+def _ship_this_module_by_value() -> None:
+    """Executors cannot import ``jobs/_common.py``; let cloudpickle send its code along."""
+    try:
+        from pyspark import cloudpickle
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    except Exception:   # pragma: no cover - very old pyspark
+        pass
+
+
+_ship_this_module_by_value()
+
+
+def spark_session(app_name: str):
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    return SparkSession.builder.appName(app_name).getOrCreate()
+
+
+def fan_out(spark, items: Sequence[Tuple[str, int]], fn: Callable[[List[Tuple[str, int]]], List[T]],
+            min_items_for_spark: int) -> List[T]:
+    """Run ``fn`` over groups of partitions: on the executors when there are many, else here."""
+    items = list(items)
+    if spark is None or len(items) < min_items_for_spark:
+        return fn(items)
+    sc = spark.sparkContext
+    slices = max(1, min(len(items), sc.defaultParallelism * 4))
+    return sc.parallelize(items, slices).mapPartitions(lambda it: fn(list(it))).collect()
