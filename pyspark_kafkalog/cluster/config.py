@@ -1,0 +1,46 @@
+"""Client-side settings for a kafkalog cluster, from a Java-properties file (conf/cluster.properties).
+
+Only settings of *this* process live here: everything shared (topics, their configs, ACLs) is in
+the metadata log. Unknown keys are errors, so a typo never silently falls back to a default.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from ..errors import InvalidConfigError
+from ..format.checkpoint import parse_properties
+
+_INT_KEYS = {"transaction.timeout.ms": "transaction_timeout_ms",
+             "kafkalog.snapshot.interval": "snapshot_interval"}
+_STR_KEYS = {"kafkalog.principal": "principal"}
+STORAGE_PREFIX = "storage."
+
+
+def cluster_options(props: Dict[str, str]) -> Dict[str, Any]:
+    """Map properties to ``Cluster(url, **options)`` keyword arguments."""
+    out: Dict[str, Any] = {}
+    for key, value in props.items():
+        if key in _INT_KEYS:
+            try:
+                out[_INT_KEYS[key]] = int(value)
+            except ValueError:
+                raise InvalidConfigError(f"{key} must be an integer, got {value!r}") from None
+            if out[_INT_KEYS[key]] < 1:
+                raise InvalidConfigError(f"{key} must be >= 1, got {value!r}")
+        elif key in _STR_KEYS:
+            out[_STR_KEYS[key]] = value
+        elif key.startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
+            out[key[len(STORAGE_PREFIX):]] = value
+        else:
+            raise InvalidConfigError(f"unknown cluster setting {key!r}; known: "
+                                     f"{sorted(_INT_KEYS) + sorted(_STR_KEYS)} and storage.*")
+    return out
+
+
+def load_cluster_config(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="latin-1") as f:
+            text = f.read()
+    except OSError as exc:
+        raise InvalidConfigError(f"cannot read cluster config {path!r}: {exc.strerror}") from None
+    return cluster_options(parse_properties(text))

@@ -1,0 +1,38 @@
+"""The ``kafkalog`` data source: Spark's Kafka connector schema and options, over Kafka's log
+format on storage. Thin by design: planning and I/O live in the layers below."""
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType,
+                               StructField, StructType, TimestampType)
+
+from .options import ReadOptions, WriteOptions
+
+
+def kafka_schema(include_headers: bool = False) -> StructType:
+    """Exactly the schema of Spark's built-in Kafka source."""
+    fields = [StructField("key", BinaryType()), StructField("value", BinaryType()),
+              StructField("topic", StringType()), StructField("partition", IntegerType()),
+              StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+              StructField("timestampType", IntegerType())]
+    if include_headers:
+        fields.append(StructField("headers", ArrayType(StructType([
+            StructField("key", StringType()), StructField("value", BinaryType())]))))
+    return StructType(fields)
+
+
+class KafkaLogDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "kafkalog"
+
+    def schema(self):
+        return kafka_schema(ReadOptions.parse(self.options, validate=False).include_headers)
+
+    def reader(self, schema):
+        from .reader import KafkaLogReader
+        return KafkaLogReader(ReadOptions.parse(self.options), schema)
+
+    def writer(self, schema, overwrite: bool):
+        from .writer import KafkaLogWriter
+        return KafkaLogWriter(WriteOptions.parse(self.options), schema, overwrite)
