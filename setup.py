@@ -1,4 +1,36 @@
-from setuptools import find_packages, setup
+import sys
+import warnings
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+
+class OptionalBuildExt(build_ext):
+    """Build the C accelerator if possible, else warn and go on.
+
+    ``pyspark_kafkalog.format.columnar`` falls back to its pure-Python loop (same results, slower)
+    when the extension is missing, so a machine without a compiler must still install.
+    """
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001 - any build failure only costs speed
+            self._skip(exc)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            self._skip(exc, ext.name)
+
+    @staticmethod
+    def _skip(exc, name="C extensions"):
+        msg = (f"pyspark-kafkalog: could not build {name} ({exc}); using the pure-Python "
+               "decoder, which gives the same results more slowly")
+        warnings.warn(msg)
+        print(msg, file=sys.stderr)
+
 
 setup(
     name="pyspark-kafkalog",
@@ -9,6 +41,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["pyspark_kafkalog", "pyspark_kafkalog.*"]),
+    ext_modules=[Extension("pyspark_kafkalog.format._columnar_accel",
+                           ["pyspark_kafkalog/format/_columnar_accel.c"], optional=True)],
+    cmdclass={"build_ext": OptionalBuildExt},
     install_requires=[
         "pyspark>=4.0",
         "pyarrow>=15",

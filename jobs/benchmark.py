@@ -46,7 +46,8 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from pyspark_kafkalog.format import codecs  # noqa: E402
 from pyspark_kafkalog.format.batch import (V2_HEADER_SIZE, iter_headers,  # noqa: E402
                                            validate as validate_batch)
-from pyspark_kafkalog.format.columnar import decode_columns  # noqa: E402
+from pyspark_kafkalog.format import columnar  # noqa: E402
+from pyspark_kafkalog.format.columnar import decode_columns, to_arrow  # noqa: E402
 from pyspark_kafkalog.format.encode import encode_batch_v2, encode_message_set  # noqa: E402
 from pyspark_kafkalog.format.records import Record  # noqa: E402
 
@@ -190,6 +191,20 @@ def ours_decode(buf: bytes, crc: bool):
     return decode_columns(buf, validate=crc)
 
 
+def ours_decode_arrow(buf: bytes, crc: bool):
+    """Decode plus the ``pyarrow.Table`` a Spark Arrow source would hand over."""
+    return to_arrow(decode_columns(buf, validate=crc))
+
+
+def implementation() -> str:
+    """Which magic 2 record loop ``columnar`` runs (the C twin or the pure-Python one)."""
+    if columnar.ACCELERATED:
+        return "C extension (pyspark_kafkalog.format._columnar_accel)"
+    if os.environ.get("KAFKALOG_PURE_PYTHON") == "1":
+        return "pure Python (KAFKALOG_PURE_PYTHON=1)"
+    return "pure Python (the C extension is not built)"
+
+
 def kp_encode(chunks, magic: int, codec: int) -> bytes:
     """kafka-python's producer path: one MemoryRecordsBuilder per batch (offsets from 0, as a
     producer writes them)."""
@@ -292,10 +307,10 @@ def _expected(records, magic):
 
 def _rows_from_columns(cols):
     rows, h = [], 0
-    hk, hv = cols.header_key, cols.header_value
+    hk, hv, keys, values = cols.header_key, cols.header_value, cols.key, cols.value
     for i in range(len(cols)):
         nh = cols.header_count[i]
-        rows.append((cols.key[i], cols.value[i], cols.timestamp[i],
+        rows.append((keys[i], values[i], cols.timestamp[i],
                      tuple(zip(hk[h:h + nh], hv[h:h + nh]))))
         h += nh
     return rows
@@ -420,12 +435,15 @@ def run_format(args) -> tuple:
                    "gc_off": args.gc_off, "payload_bytes": payload,
                    "header_count": sum(len(r.headers) for r in records),
                    "null_keys": sum(r.key is None for r in records),
-                   "null_values": sum(r.value is None for r in records)},
+                   "null_values": sum(r.value is None for r in records),
+                   "implementation": implementation()},
         "decode": [], "encode": [], "checks": {}, "profile": {},
     }
     print(f"workload: {n:,} records in {len(chunks[2]):,} batches of {args.batch_records}, "
           f"payload {payload / MB:.2f} MB (key+value), built in {time.perf_counter() - t0:.1f}s; "
           f"loadavg {result['env']['loadavg_at_start']}", flush=True)
+    print(f"record loop: {result['params']['implementation']}", flush=True)
+    ours_decode_arrow(b"", crc)   # imports pyarrow and numpy outside the timed runs
 
     exit_code = 0
     with kafka_snappy_shim(not args.no_snappy_shim) as shimmed:
@@ -467,7 +485,8 @@ def _measure_case(name, magic, codec, chunks, records, payload, crc, args):
         print(f"  !! {name}: {p}", flush=True)
 
     payloads = compressed_payloads(ours_buf, magic) if (codec or magic == 2) else None
-    decode_fns = {"ours": lambda: ours_decode(ours_buf, crc)}
+    decode_fns = {"ours": lambda: ours_decode(ours_buf, crc),
+                  "ours+arrow": lambda: ours_decode_arrow(ours_buf, crc)}
     if have_kp:
         decode_fns["kafka-python"] = lambda: kp_decode(ours_buf, crc)
     if payloads is not None:
@@ -486,6 +505,7 @@ def _measure_case(name, magic, codec, chunks, records, payload, crc, args):
 
     enc_size = len(ours_buf)
     d_ours, d_kp = best(dtimes, "ours"), best(dtimes, "kafka-python")
+    d_arrow = best(dtimes, "ours+arrow")
     d_dec, d_kpdec = best(dtimes, "ours-decompress"), best(dtimes, "kafka-python-decompress")
     dec = {
         "case": name, "magic": magic, "codec": codecs.CODEC_NAMES[codec], "records": n,
@@ -494,6 +514,7 @@ def _measure_case(name, magic, codec, chunks, records, payload, crc, args):
         "ours_s": d_ours, "ours_records_per_s": _rate(n, d_ours),
         "ours_payload_MB_per_s": _rate(payload / MB, d_ours),
         "ours_encoded_MB_per_s": _rate(enc_size / MB, d_ours),
+        "ours_arrow_s": d_arrow, "ours_arrow_records_per_s": _rate(n, d_arrow),
         "kp_s": d_kp, "kp_records_per_s": _rate(n, d_kp),
         "kp_payload_MB_per_s": _rate(payload / MB, d_kp),
         "kp_encoded_MB_per_s": _rate(enc_size / MB, d_kp),
@@ -548,7 +569,9 @@ def profile_decode(name, buf, magic, codec, *, crc, repeat, top) -> dict:
 
     profiled = {"total_s": total_tt,
                 "decompress_cum_share": cum_share("format/codecs.py", "decompress"),
-                "scan_v2_cum_share": cum_share("format/columnar.py", "_scan_v2"),
+                # the C loop shows as a builtin, the Python one as _columnar_py.py(scan_v2)
+                "scan_v2_cum_share": sum(r["cumtime_s"] for r in rows
+                                         if "scan_v2" in r["function"]) / total_tt,
                 "validate_cum_share": cum_share("format/batch.py", "validate"),
                 "iter_headers_cum_share": cum_share("format/batch.py", "iter_headers")}
 
@@ -613,6 +636,7 @@ def render_format(res: dict) -> str:
         f"python {v['python']}, kafka-python {v['kafka']}, lz4 {v['lz4']}, zstandard "
         f"{v['zstandard']}, cramjam {v['cramjam']}, crc32c {v['crc32c']}; {env['cpus']} CPUs, "
         f"loadavg at start {env['loadavg_at_start']}",
+        f"our magic 2 record loop: {p.get('implementation', '?')}",
     ]
     if p.get("kafka_python_snappy_shim"):
         out.append("kafka-python snappy: python-snappy is not installed; used the equivalent "
@@ -625,6 +649,8 @@ def render_format(res: dict) -> str:
                      _fmt(d["ours_s"], ".3f"), _fmt(d["ours_records_per_s"], ",.0f"),
                      _fmt(d["ours_payload_MB_per_s"], ".1f"),
                      _fmt(d["ours_encoded_MB_per_s"], ".1f"),
+                     _fmt(d.get("ours_arrow_s"), ".3f"),
+                     _fmt(d.get("ours_arrow_records_per_s"), ",.0f"),
                      _fmt(d["kp_s"], ".3f"), _fmt(d["kp_records_per_s"], ",.0f"),
                      _fmt(d["kp_payload_MB_per_s"], ".1f"),
                      _fmt(d["kp_encoded_MB_per_s"], ".1f"),
@@ -634,8 +660,11 @@ def render_format(res: dict) -> str:
                      + ("%" if d["ours_decompress_share"] is not None else ""),
                      _fmt(d["kp_decompress_s"], ".3f")])
     out.append(_table(["case", "enc MB", "ours s", "ours rec/s", "ours MB/s", "ours encMB/s",
+                       "+arrow s", "+arrow rec/s",
                        "kp s", "kp rec/s", "kp MB/s", "kp encMB/s", "ratio",
                        "decomp s", "decomp %", "kp decomp s"], rows))
+    out.append("  +arrow = our decode followed by to_arrow (the pyarrow.Table a Spark Arrow source "
+               "hands over), timed as one")
     out.append("  decomp s = our codecs.decompress alone over the same batch payloads (v2-none: "
                "the payload copy); decomp % = its share of our decode; kp decomp s = kafka.codec "
                "calls kafka-python makes for them")
@@ -671,7 +700,7 @@ def render_profile(name: str, prof: dict) -> str:
         out.append(f"    {stage:<42} {v['s']:8.3f}s  {100 * v['share']:5.1f}%")
     pr = prof["profiled"]
     out.append(f"  under cProfile, cumulative shares: codecs.decompress "
-               f"{100 * pr['decompress_cum_share']:.1f}%, _scan_v2 (record loop) "
+               f"{100 * pr['decompress_cum_share']:.1f}%, scan_v2 (record loop) "
                f"{100 * pr['scan_v2_cum_share']:.1f}%, CRC validate "
                f"{100 * pr['validate_cum_share']:.1f}%, iter_headers "
                f"{100 * pr['iter_headers_cum_share']:.1f}%")
