@@ -75,7 +75,7 @@ class LogSegment:
         self._builder: Optional[IndexBuilder] = None   # writer state, valid while we append
         self._size: Optional[int] = None
         self._first_batch_ts: Optional[int] = None
-        self._stored_index_bytes = (-1, -1)   # raw lengths of .index/.timeindex when loaded
+        self._timeindex_raw_len = -1          # length of .timeindex when loaded (-1: missing)
         #: a sealed segment is complete: a partial entry at its end is damage, not an append
         self.sealed = False
         self._indexes_distrusted = False
@@ -113,20 +113,24 @@ class LogSegment:
         self.stats.requests += 1
         return data
 
+    def _load_index(self, suffix: str, entry_size: int, valid_prefix):
+        """(raw file length or -1 if missing, the valid prefix of its entries)."""
+        raw = self._read_index_file(suffix)
+        buf = raw or b""
+        return (-1 if raw is None else len(raw),
+                valid_prefix(buf[:len(buf) - len(buf) % entry_size], self.base_offset))
+
     def offset_index(self) -> Tuple[np.ndarray, np.ndarray]:
         """(absolute offsets, positions), as far as the index file is valid."""
         if self._indexes_distrusted:
             return _EMPTY
         if self._offset_index is None:
-            raw = self._read_index_file(INDEX_SUFFIX)
-            buf = raw or b""
-            buf = buf[:len(buf) - len(buf) % idx.OFFSET_ENTRY_SIZE]
-            offsets, positions = _valid_prefix_offset_index(buf, self.base_offset)
+            _, (offsets, positions) = self._load_index(INDEX_SUFFIX, idx.OFFSET_ENTRY_SIZE,
+                                                       _valid_prefix_offset_index)
             if len(positions) and positions[-1] >= self.size():   # stale: points past the log
                 keep = positions < self.size()
                 offsets, positions = offsets[keep], positions[keep]
             self._offset_index = (offsets, positions)
-            self._stored_index_bytes = (-1 if raw is None else len(raw), self._stored_index_bytes[1])
         return self._offset_index
 
     def time_index(self) -> Tuple[np.ndarray, np.ndarray]:
@@ -134,11 +138,8 @@ class LogSegment:
         if self._indexes_distrusted:
             return _EMPTY
         if self._time_index is None:
-            raw = self._read_index_file(TIMEINDEX_SUFFIX)
-            buf = raw or b""
-            buf = buf[:len(buf) - len(buf) % idx.TIME_ENTRY_SIZE]
-            self._time_index = _valid_prefix_time_index(buf, self.base_offset)
-            self._stored_index_bytes = (self._stored_index_bytes[0], -1 if raw is None else len(raw))
+            self._timeindex_raw_len, self._time_index = self._load_index(
+                TIMEINDEX_SUFFIX, idx.TIME_ENTRY_SIZE, _valid_prefix_time_index)
         return self._time_index
 
     def invalidate(self) -> None:
@@ -162,8 +163,7 @@ class LogSegment:
     def _time_index_complete(self) -> bool:
         """The .timeindex exists and every byte of it decoded to a valid entry."""
         tss, _ = self.time_index()
-        raw = self._stored_index_bytes[1]
-        return raw >= 0 and raw == len(tss) * idx.TIME_ENTRY_SIZE
+        return self._timeindex_raw_len == len(tss) * idx.TIME_ENTRY_SIZE
 
     def walk(self, start: int = 0, end: Optional[int] = None, *, with_body: bool = False,
              window: Optional[int] = None, strict: Optional[bool] = None
@@ -440,8 +440,7 @@ class LogSegment:
             new = offset_entries[old_offset_entries:]
             if new:
                 st.append(self.path(INDEX_SUFFIX), idx.encode_offset_index(new, self.base_offset))
-        self._stored_index_bytes = (len(offset_entries) * idx.OFFSET_ENTRY_SIZE,
-                                    len(time_entries) * idx.TIME_ENTRY_SIZE)
+        self._timeindex_raw_len = len(time_entries) * idx.TIME_ENTRY_SIZE
         self._offset_index = (np.array([o for o, _ in offset_entries], dtype=np.int64),
                               np.array([p for _, p in offset_entries], dtype=np.int64))
         self._time_index = (np.array([t for t, _ in time_entries], dtype=np.int64),
