@@ -1,6 +1,11 @@
 """``kafkalog``: the command line. Each subcommand lives in its own module; this one parses
 arguments and turns typed errors into one line on stderr and a non-zero exit (no tracebacks for
-user errors)."""
+user errors).
+
+Global options come before the subcommand: ``--cluster URL`` (the kafkalog cluster the cluster
+commands work on), ``--cluster-config FILE``, ``--principal P`` and ``--json``. The cluster
+commands also accept them after the subcommand.
+"""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +14,22 @@ from typing import List, Optional
 
 from .. import __version__
 from ..errors import KafkaLogError
-from . import dump, produce, recover
+from . import (cluster_data, cluster_groups, cluster_maint, cluster_topics, dump, produce,
+               recover)
+from .cluster_common import common_parent
 
 EXIT_USER_ERROR = 2
+
+EPILOG = """\
+Log-dir commands: dump, recover, produce --log-dir DIR.
+Cluster commands (need --cluster URL): topics, produce, consume, offsets, delete-records,
+retention, groups, log-dirs, cleanup.
+
+Output of the cluster commands: an aligned table for people; with --json one JSON object per
+line (one per table row; topics --describe: one per topic). consume always prints JSON lines.
+User errors: one line on stderr, exit status 2, nothing changed. delete-records exits 1 when a
+partition failed. `kafkalog COMMAND --help` describes each command's columns.
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,11 +40,29 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kafkalog", description="Kafka log dirs on shared storage, no brokers.")
+    parser = _Parser(prog="kafkalog", description="Kafka log dirs on shared storage, no brokers.",
+                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kafkalog {__version__}")
+    parser.add_argument("--cluster", metavar="URL", default=None,
+                        help="the kafkalog cluster: a storage URL (path, file://, s3://, ...)")
+    parser.add_argument("--cluster-config", metavar="FILE", default=None,
+                        help="client settings for the cluster: transaction.timeout.ms, "
+                             "kafkalog.principal, storage.* (see conf/cluster.properties)")
+    parser.add_argument("--principal", metavar="P", default=None,
+                        help="principal for ACL checks (default $KAFKALOG_PRINCIPAL, else "
+                             "User:<login>)")
+    parser.add_argument("--json", dest="global_json", action="store_true",
+                        help="JSON lines instead of tables")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (dump, recover, produce):
+    common = [common_parent()]
+    for module in (dump, recover):
         module.add_parser(sub)
+    produce.add_parser(sub, common)
+    cluster_topics.add_parser(sub, common)
+    cluster_data.add_consume_parser(sub, common)
+    cluster_data.add_offsets_parser(sub, common)
+    cluster_maint.add_parsers(sub, common)
+    cluster_groups.add_parser(sub, common)
     return parser
 
 
@@ -36,6 +72,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help(sys.stderr)
         return EXIT_USER_ERROR
+    args.json = bool(getattr(args, "json", False) or args.global_json)
     try:
         return args.run(args) or 0
     except KafkaLogError as exc:

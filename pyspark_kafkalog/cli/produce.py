@@ -1,4 +1,8 @@
-"""``kafkalog produce --log-dir URL``: append JSON lines to one partition as a broker would.
+"""``kafkalog produce``: append JSON lines from stdin.
+
+Two modes share this parser. ``--log-dir URL`` (raw mode, below) appends to one partition of a
+plain Kafka log dir as a broker would. ``--cluster URL`` (protocol mode, cluster_data.py) writes
+to a topic of a kafkalog cluster through the metadata log. Exactly one of the two is required.
 
 Input lines: ``{"key": b64|null, "value": b64|null, "headers": [{"key": str, "value": b64|null}],
 "timestamp": ms}`` (every field optional). All input is read and validated before anything is
@@ -25,23 +29,73 @@ DEFAULT_LEADER_EPOCH = 0
 MAX_BATCH_BYTES = 1 << 20
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("produce", help="append JSON-lines records from stdin to a partition",
-                       description="Append records read as JSON lines from stdin to one partition "
-                                   "of a Kafka log dir, assigning offsets, rolling segments and "
-                                   "maintaining indexes and checkpoints as a broker does.")
-    p.add_argument("--log-dir", required=True, help="the log dir (path or URL)")
+# Options of the raw mode only (in cluster mode the topic's configs decide), with their defaults.
+RAW_ONLY = {"message_format_version": ("--message-format-version", 2),
+            "timestamp_type": ("--timestamp-type", "CreateTime"),
+            "segment_bytes": ("--segment-bytes", None), "segment_ms": ("--segment-ms", None),
+            "index_interval_bytes": ("--index-interval-bytes", None),
+            "batch_records": ("--batch-records", 500)}
+
+
+def add_parser(sub, parents=()) -> None:
+    p = sub.add_parser("produce", parents=list(parents),
+                       help="append JSON-lines records from stdin to a log dir partition "
+                            "(--log-dir) or a cluster topic (--cluster)",
+                       description="Append records read as JSON lines from stdin. With --log-dir, "
+                                   "to one partition of a Kafka log dir, assigning offsets, "
+                                   "rolling segments and maintaining indexes and checkpoints as "
+                                   "a broker does. With --cluster, to a topic of a kafkalog "
+                                   "cluster, as one atomic write (Kafka's default partitioner "
+                                   "unless --partition). All input is validated first.",
+                       epilog="Output: one line per record, {topic, partition, offset}: JSON "
+                              "lines with --log-dir; with --cluster an aligned table, or JSON "
+                              "lines with --json.")
+    p.add_argument("--log-dir", default=None, help="raw mode: the log dir (path or URL)")
     p.add_argument("--topic", required=True)
-    p.add_argument("--partition", required=True, type=int)
-    p.add_argument("--compression", default="none", help="none, gzip, snappy, lz4, zstd")
-    p.add_argument("--message-format-version", type=int, default=2, choices=(0, 1, 2),
-                   help="record format (magic) to write")
-    p.add_argument("--timestamp-type", default="CreateTime", help="CreateTime or LogAppendTime")
-    p.add_argument("--segment-bytes", type=int, default=None, help="segment.bytes (roll size)")
-    p.add_argument("--segment-ms", type=int, default=None, help="segment.ms (roll age)")
-    p.add_argument("--index-interval-bytes", type=int, default=None)
-    p.add_argument("--batch-records", type=int, default=500, help="records per batch")
-    p.set_defaults(run=run)
+    p.add_argument("--partition", type=int, default=None,
+                   help="required with --log-dir; with --cluster the default is Kafka's "
+                        "partitioner (murmur2 of the key, unkeyed records spread)")
+    p.add_argument("--compression", default=None,
+                   help="none, gzip, snappy, lz4, zstd (default: none with --log-dir, the "
+                        "topic's compression.type with --cluster)")
+    raw = p.add_argument_group("raw mode (--log-dir) only")
+    raw.add_argument("--message-format-version", type=int, default=None, choices=(0, 1, 2),
+                     help="record format (magic) to write (default 2)")
+    raw.add_argument("--timestamp-type", default=None,
+                     help="CreateTime (default) or LogAppendTime")
+    raw.add_argument("--segment-bytes", type=int, default=None, help="segment.bytes (roll size)")
+    raw.add_argument("--segment-ms", type=int, default=None, help="segment.ms (roll age)")
+    raw.add_argument("--index-interval-bytes", type=int, default=None)
+    raw.add_argument("--batch-records", type=int, default=None,
+                     help="records per batch (default 500)")
+    p.set_defaults(run=dispatch)
+
+
+def dispatch(args) -> int:
+    """``--log-dir``: the raw mode (``run``); ``--cluster``: the protocol mode."""
+    log_dir, cluster = args.log_dir, getattr(args, "cluster", None)
+    if log_dir and cluster:
+        raise InvalidConfigError("produce takes --log-dir DIR (a plain Kafka log dir) or "
+                                 "--cluster URL (a kafkalog cluster), not both")
+    if not log_dir and not cluster:
+        raise InvalidConfigError("produce needs --log-dir DIR (a plain Kafka log dir) or "
+                                 "--cluster URL (a kafkalog cluster)")
+    if cluster:
+        for attr, (flag, _) in RAW_ONLY.items():
+            if getattr(args, attr) is not None:
+                raise InvalidConfigError(f"{flag} applies to --log-dir only; with --cluster "
+                                         "the topic's configs (kafkalog topics --alter) decide "
+                                         "how records are written")
+        from .cluster_data import run_produce
+        return run_produce(args)
+    if args.partition is None:
+        raise InvalidConfigError("produce --log-dir needs --partition P")
+    for attr, (_, default) in RAW_ONLY.items():
+        if getattr(args, attr) is None:
+            setattr(args, attr, default)
+    if args.compression is None:
+        args.compression = "none"
+    return run(args)
 
 
 def _b64(value, what: str, lineno: int):

@@ -101,6 +101,13 @@ def delete_records(cluster, offsets: Mapping[TopicPartition, int]
     return results
 
 
+def _largest_timestamp(seg: LogSegment) -> float:
+    """Kafka's ``LogSegment.largestTimestamp``: the largest record timestamp, or for a segment
+    without timestamps (magic 0, or records written with timestamp -1) its file's mtime."""
+    ts = seg.largest_timestamp()
+    return ts if ts >= 0 else seg.created_ms()
+
+
 def plan_retention(cluster, state: ClusterState, now_ms: int,
                    partitions: Optional[List[TopicPartition]] = None) -> List[RetentionPlan]:
     """Which whole segments ``retention.ms`` (by each segment's largest timestamp, KIP-32) and
@@ -118,7 +125,7 @@ def plan_retention(cluster, state: ClusterState, now_ms: int,
         while cut < len(segs):
             seg = segs[cut]
             by_time = (config.retention_ms >= 0
-                       and now_ms - seg.largest_timestamp() > config.retention_ms)
+                       and now_ms - _largest_timestamp(seg) > config.retention_ms)
             by_size = config.retention_bytes >= 0 and total - sizes[cut] >= config.retention_bytes
             if not (by_time or by_size):
                 break

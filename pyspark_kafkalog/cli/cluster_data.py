@@ -1,0 +1,165 @@
+"""Data commands of a kafkalog cluster: ``produce --cluster`` (the protocol mode of ``produce``;
+its parser lives in produce.py with the raw ``--log-dir`` mode), ``consume`` and ``offsets``."""
+from __future__ import annotations
+
+import base64
+import sys
+import time
+
+from ..errors import (InvalidConfigError, InvalidRecordError, TopicAuthorizationFailedError,
+                      UnknownTopicOrPartitionError)
+from ..format import codecs
+from ..format.checkpoint import validate_topic_name
+from .cluster_common import (OUTPUT_HELP, columns, emit_json, emit_rows, non_negative,
+                             open_admin)
+
+ACK_COLUMNS = columns("topic", "partition", "offset")
+OFFSET_COLUMNS = columns("topic", "partition", "offset", "timestamp")
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+
+
+# -- produce --cluster -----------------------------------------------------------------------
+
+def _check_partition(admin, topic: str, partition):
+    """The topic's partition count; ``partition`` (if given) must be one of them."""
+    n = len(admin.describe_topic(topic).partitions)
+    if partition is not None and not 0 <= partition < n:
+        raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}: topic {topic!r} "
+                                           f"has {n} partition{'s' * (n != 1)}")
+    return n
+
+
+def run_produce(args) -> int:
+    """Validate the options and every input line, then write all records as one atomic unit
+    through ``Admin.produce`` (Kafka's default partitioner unless ``--partition``)."""
+    from .produce import parse_records
+    validate_topic_name(args.topic)
+    non_negative(args.partition, "--partition")
+    admin = open_admin(args, "produce")
+    _check_partition(admin, args.topic, args.partition)
+    cluster = admin.cluster
+    if not cluster.state(refresh=False).authorized(cluster.principal, args.topic, "WRITE"):
+        raise TopicAuthorizationFailedError(f"{cluster.principal} may not write to "
+                                            f"{args.topic!r}")
+    magic = cluster.topic_config(args.topic).magic
+    if args.compression is not None:
+        codecs.check_codec(codecs.codec_id(args.compression), magic)
+    lines = sys.stdin.readlines()
+    records = parse_records(lines, magic=2, now_ms=int(time.time() * 1000))
+    if magic < 2:
+        numbers = [i for i, line in enumerate(lines, 1) if line.strip()]
+        for n, rec in zip(numbers, records):
+            if rec.headers:
+                raise InvalidRecordError(f"line {n}: topic {args.topic!r} uses message format "
+                                         f"{magic}, which has no record headers")
+    if not records:
+        return 0
+    acks = admin.produce(args.topic, records, partition=args.partition,
+                         compression=args.compression)
+    emit_rows(args, ACK_COLUMNS, [{"topic": a.topic, "partition": a.partition, "offset": a.offset}
+                                  for a in acks])
+    return 0
+
+
+# -- consume ---------------------------------------------------------------------------------
+
+def add_consume_parser(sub, parents) -> None:
+    p = sub.add_parser(
+        "consume", parents=parents, help="print committed records of a topic as JSON lines",
+        description="Read committed records of a topic, partition by partition.",
+        epilog="Output: always JSON lines, one per record, with the fields of `kafkalog dump "
+               "--json --deep-iteration --print-data-log` (no segment) plus topic and "
+               "partition: topic, partition, offset, timestamp, timestampType, magic, control, "
+               "transactional, producerId, key, value (base64 or null), headers [{key, value}]. "
+               "With --group, partitions where the group has committed offsets resume from them "
+               "unless --from names another start than earliest, and the offsets after the "
+               "records printed are committed.")
+    p.add_argument("--topic", required=True, metavar="T")
+    p.add_argument("--partition", type=int, metavar="P", help="one partition (default: all)")
+    p.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
+                   help="earliest (default), latest, an offset (needs --partition) or "
+                        "@TIMESTAMP_MS (the first record at or after that time)")
+    p.add_argument("--max-records", type=int, metavar="N", help="stop after N records")
+    p.add_argument("--isolation-level", default="read_committed", choices=ISOLATION_LEVELS,
+                   help="read_uncommitted also shows writes not yet committed")
+    p.add_argument("--group", metavar="G", help="consumer group: resume from and commit offsets")
+    p.set_defaults(run=run_consume)
+
+
+def _b64(b):
+    return None if b is None else base64.b64encode(b).decode("ascii")
+
+
+def record_json(r) -> dict:
+    return {"topic": r.topic, "partition": r.partition, "offset": r.offset,
+            "timestamp": r.timestamp, "timestampType": r.timestamp_type, "magic": r.magic,
+            "control": False, "transactional": r.is_transactional, "producerId": r.producer_id,
+            "key": _b64(r.key), "value": _b64(r.value),
+            "headers": [{"key": k, "value": _b64(v)} for k, v in r.headers]}
+
+
+def run_consume(args) -> int:
+    from ..cluster.consumer import parse_start
+    validate_topic_name(args.topic)
+    non_negative(args.partition, "--partition")
+    non_negative(args.max_records, "--max-records", 1)
+    spec = parse_start(args.start)
+    if isinstance(spec, int) and args.partition is None:
+        raise InvalidConfigError(f"--from {args.start}: an offset needs --partition (offsets "
+                                 "are per partition)")
+    admin = open_admin(args, "consume")
+    _check_partition(admin, args.topic, args.partition)
+    records = admin.consume(args.topic, args.partition, start=args.start.strip(),
+                            max_records=args.max_records, isolation_level=args.isolation_level,
+                            group=args.group)
+    for r in records:
+        emit_json(record_json(r))
+    return 0
+
+
+# -- offsets ---------------------------------------------------------------------------------
+
+def add_offsets_parser(sub, parents) -> None:
+    p = sub.add_parser(
+        "offsets", parents=parents, help="list offsets: earliest, latest or for a time",
+        description="Kafka's ListOffsets (kafka-get-offsets.sh) per partition of a topic.",
+        epilog=OUTPUT_HELP + " Columns: topic, partition, offset, timestamp (the record's, "
+               "when found by --time TIMESTAMP_MS; else -1). A time after every record gives "
+               "the high watermark.")
+    p.add_argument("--topic", required=True, metavar="T")
+    p.add_argument("--partition", type=int, metavar="P", help="one partition (default: all)")
+    p.add_argument("--time", default="latest", metavar="WHEN",
+                   help="earliest (or -2), latest (or -1, the default) or a timestamp in ms: "
+                        "the first offset whose record timestamp is >= it")
+    p.set_defaults(run=run_offsets)
+
+
+def parse_time(text: str):
+    text = str(text).strip()
+    if text in ("earliest", "-2"):
+        return "earliest"
+    if text in ("latest", "-1"):
+        return "latest"
+    try:
+        ts = int(text)
+    except ValueError:
+        ts = -3
+    if ts < 0:
+        raise InvalidConfigError(f"--time {text!r}: expected earliest, latest, -2, -1 or a "
+                                 "timestamp in ms >= 0")
+    return ts
+
+
+def run_offsets(args) -> int:
+    from ..admin import TopicPartition
+    validate_topic_name(args.topic)
+    non_negative(args.partition, "--partition")
+    spec = parse_time(args.time)
+    admin = open_admin(args, "offsets")
+    n = _check_partition(admin, args.topic, args.partition)
+    parts = [args.partition] if args.partition is not None else range(n)
+    result = admin.list_offsets({TopicPartition(args.topic, p): spec for p in parts})
+    emit_rows(args, OFFSET_COLUMNS, [{"topic": tp.topic, "partition": tp.partition,
+                                      "offset": r.offset, "timestamp": r.timestamp}
+                                     for tp, r in sorted(result.items())])
+    return 0

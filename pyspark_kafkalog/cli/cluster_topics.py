@@ -1,0 +1,181 @@
+"""``kafkalog --cluster URL topics``: kafka-topics.sh for a kafkalog cluster.
+
+Exactly one action: ``--create``, ``--delete``, ``--list``, ``--describe``, ``--alter`` or
+``--increase-partitions``. Every check that can be made without writing is made first, so a
+rejected command appends nothing to the metadata log.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..errors import InvalidConfigError, InvalidPartitionsError, TopicAlreadyExistsError
+from ..format.checkpoint import validate_topic_name
+from ..log.config import LogConfig
+from .cluster_common import (OUTPUT_HELP, cluster_exists, cluster_options, columns, emit_json,
+                             format_table, non_negative, only_with, open_admin, parse_configs,
+                             require, say)
+
+ACTIONS = ("create", "delete", "list", "describe", "alter", "increase_partitions")
+OPTIONS = {"topic": "--topic", "partitions": "--partitions",
+           "replication_factor": "--replication-factor", "config": "--config",
+           "delete_config": "--delete-config"}
+PARTITION_COLUMNS = columns("partition", "replicas", "leader_epoch", "log_start_offset",
+                            "high_watermark")
+
+
+def add_parser(sub, parents) -> None:
+    p = sub.add_parser(
+        "topics", parents=parents, help="create, delete, list, describe and alter topics",
+        description="Manage the topics of a kafkalog cluster (kafka-topics.sh's options).",
+        epilog=OUTPUT_HELP + " --describe (and --create/--alter/--increase-partitions with "
+               "--json) print one object per topic: topic, topic_id, partition_count, "
+               "replication_factor, configs, partitions [{partition, replicas, leader_epoch, "
+               "log_start_offset, high_watermark}]. --list prints one name per line "
+               "({\"topic\"} with --json); --delete prints {\"topic\", \"deleted\"} with --json.")
+    act = p.add_mutually_exclusive_group(required=True)
+    act.add_argument("--create", action="store_true",
+                     help="create --topic (creates the cluster itself if URL holds none)")
+    act.add_argument("--delete", action="store_true", help="delete --topic and its data")
+    act.add_argument("--list", action="store_true", help="list topic names")
+    act.add_argument("--describe", action="store_true", help="describe --topic, or every topic")
+    act.add_argument("--alter", action="store_true",
+                     help="change --topic's configs (--config/--delete-config), or its partition "
+                          "count (--partitions, as kafka-topics.sh --alter does)")
+    act.add_argument("--increase-partitions", action="store_true",
+                     help="raise --topic's partition count to --partitions")
+    p.add_argument("--topic", metavar="T")
+    p.add_argument("--partitions", type=int, metavar="N",
+                   help="partition count (--create: default 1)")
+    p.add_argument("--replication-factor", type=int, metavar="N",
+                   help="log dirs holding each partition (--create: default 1)")
+    p.add_argument("--config", action="append", default=[], metavar="K=V",
+                   help="a topic config (repeatable), e.g. retention.ms=86400000")
+    p.add_argument("--delete-config", action="append", default=[], metavar="K",
+                   help="--alter: remove a topic config, back to its default (repeatable)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    action = next(a for a in ACTIONS if getattr(args, a))
+    flag = "--" + action.replace("_", "-")
+    allowed = {"create": ("topic", "partitions", "replication_factor", "config"),
+               "delete": ("topic",), "list": (), "describe": ("topic",),
+               "alter": ("topic", "partitions", "config", "delete_config"),
+               "increase_partitions": ("topic", "partitions")}[action]
+    only_with(args, flag, allowed, OPTIONS)
+    if action not in ("list", "describe"):
+        require(args, flag, ("topic", "--topic T"))
+    if args.topic is not None:
+        validate_topic_name(args.topic)
+    return globals()[f"_{action}"](args)
+
+
+def _create(args) -> int:
+    partitions = 1 if args.partitions is None else args.partitions
+    rf = 1 if args.replication_factor is None else args.replication_factor
+    non_negative(partitions, "--partitions", 1)
+    non_negative(rf, "--replication-factor", 1)
+    configs = parse_configs(args.config)
+    LogConfig.from_properties(configs)
+    if rf > 1 and args.cluster and not cluster_exists(args.cluster, cluster_options(args)):
+        raise InvalidConfigError(f"a new cluster has one log dir: --replication-factor {rf} "
+                                 "needs a cluster with that many")
+    admin = open_admin(args, "topics --create", create=True)
+    if args.topic in admin.list_topics():
+        raise TopicAlreadyExistsError(f"topic {args.topic!r} already exists")
+    desc = admin.create_topic(args.topic, partitions, rf, configs)
+    say(args, f"Created topic {args.topic}.", _topic_json(desc))
+    return 0
+
+
+def _delete(args) -> int:
+    admin = open_admin(args, "topics --delete")
+    admin.delete_topic(args.topic)
+    say(args, f"Deleted topic {args.topic}.", {"topic": args.topic, "deleted": True})
+    return 0
+
+
+def _list(args) -> int:
+    admin = open_admin(args, "topics --list")
+    for name in admin.list_topics():
+        say(args, name, {"topic": name})
+    return 0
+
+
+def _describe(args) -> int:
+    admin = open_admin(args, "topics --describe")
+    names = [args.topic] if args.topic else admin.list_topics()
+    descs = [admin.describe_topic(n) for n in names]   # all or nothing: unknown topic -> error
+    for i, desc in enumerate(descs):
+        if args.json:
+            emit_json(_topic_json(desc))
+            continue
+        if i:
+            sys.stdout.write("\n")
+        _print_description(desc)
+    return 0
+
+
+def _alter(args) -> int:
+    set_configs = parse_configs(args.config)
+    deletes = list(dict.fromkeys(args.delete_config))
+    if args.partitions is not None:
+        if set_configs or deletes:
+            raise InvalidConfigError("--alter takes either --partitions or --config/"
+                                     "--delete-config, not both (run it twice)")
+        return _increase_partitions(args)
+    if not set_configs and not deletes:
+        raise InvalidConfigError("--alter needs --config K=V, --delete-config K or --partitions N")
+    both = sorted(set(set_configs) & set(deletes))
+    if both:
+        raise InvalidConfigError(f"{', '.join(both)}: both --config and --delete-config")
+    LogConfig.from_properties(set_configs)
+    admin = open_admin(args, "topics --alter")
+    current = admin.describe_topic(args.topic).configs
+    unset = [k for k in deletes if k not in current]
+    if unset:
+        raise InvalidConfigError(f"--delete-config {', '.join(unset)}: not set on topic "
+                                 f"{args.topic!r} (set: {', '.join(sorted(current)) or 'none'})")
+    merged = {k: v for k, v in current.items() if k not in deletes}
+    merged.update(set_configs)
+    LogConfig.from_properties(merged)
+    desc = admin.alter_configs(args.topic, set_configs, deletes)
+    say(args, f"Updated configs of topic {args.topic}: "
+              f"{_configs_text(desc.configs)}.", _topic_json(desc))
+    return 0
+
+
+def _increase_partitions(args) -> int:
+    require(args, "--increase-partitions" if args.increase_partitions else "--alter",
+            ("partitions", "--partitions N"))
+    admin = open_admin(args, "topics")
+    current = len(admin.describe_topic(args.topic).partitions)
+    if args.partitions <= current:
+        raise InvalidPartitionsError(f"topic {args.topic!r} has {current} partitions; "
+                                     f"--partitions must be larger, got {args.partitions}")
+    desc = admin.create_partitions(args.topic, args.partitions)
+    say(args, f"Topic {args.topic} now has {len(desc.partitions)} partitions.", _topic_json(desc))
+    return 0
+
+
+def _topic_json(desc) -> dict:
+    return {"topic": desc.name, "topic_id": desc.topic_id,
+            "partition_count": len(desc.partitions),
+            "replication_factor": len(desc.partitions[0].replicas) if desc.partitions else 0,
+            "configs": dict(sorted(desc.configs.items())),
+            "partitions": [{"partition": p.partition, "replicas": list(p.replicas),
+                            "leader_epoch": p.leader_epoch, "log_start_offset": p.log_start_offset,
+                            "high_watermark": p.high_watermark} for p in desc.partitions]}
+
+
+def _configs_text(configs) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(configs.items())) or "(defaults)"
+
+
+def _print_description(desc) -> None:
+    t = _topic_json(desc)
+    sys.stdout.write(f"Topic: {t['topic']}  TopicId: {t['topic_id']}  PartitionCount: "
+                     f"{t['partition_count']}  ReplicationFactor: {t['replication_factor']}  "
+                     f"Configs: {_configs_text(t['configs'])}\n")
+    sys.stdout.write("\n".join(format_table(PARTITION_COLUMNS, t["partitions"])) + "\n")
+
