@@ -20,28 +20,12 @@ from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.groups import GroupStore
 from pyspark_kafkalog.cluster.maintenance import delete_below_log_start
 from pyspark_kafkalog.cluster.state import ClusterState, split_key, tp_key
-from pyspark_kafkalog.errors import InvalidRequestError
+from pyspark_kafkalog.cli.cluster_maint import parse_offset_json
 
 
 def read_offset_json(text: str) -> dict:
-    """kafka-delete-records.sh's format: {"partitions": [{"topic", "partition", "offset"}], "version": 1}."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequestError(f"offset JSON file is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("partitions"), list):
-        raise InvalidRequestError('offset JSON file needs {"partitions": [...]}')
-    out = {}
-    for i, p in enumerate(doc["partitions"]):
-        if not isinstance(p, dict) or not isinstance(p.get("topic"), str) or not all(
-                isinstance(p.get(k), int) and not isinstance(p.get(k), bool)
-                for k in ("partition", "offset")):
-            raise InvalidRequestError(f"partitions[{i}] needs a string topic and integer "
-                                      "partition and offset")
-        if (p["topic"], p["partition"]) in out:
-            raise InvalidRequestError(f"partitions[{i}]: {p['topic']}-{p['partition']} is listed twice")
-        out[(p["topic"], p["partition"])] = p["offset"]
-    return out
+    """kafka-delete-records.sh's file, checked exactly as ``kafkalog delete-records`` checks it."""
+    return dict(parse_offset_json(text))
 
 
 def offsets_consumed_by(cluster: Cluster, group: str, topic=None) -> dict:
