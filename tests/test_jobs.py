@@ -66,7 +66,7 @@ def test_delete_records_job_from_kafka_json_and_after_consumption(spark, tmp_pat
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("nope", "not valid JSON"), ('{"x": 1}', '"partitions"'),
+    ("nope", "not valid JSON"), ('{"x": 1}', 'unknown field'), ('{}', 'missing the "partitions"'),
     ('{"partitions": [{"topic": "a", "partition": "0", "offset": 1}]}', "partitions[0]"),
     ('{"partitions": [{"topic": "a", "partition": 0, "offset": 1},'
      ' {"topic": "a", "partition": 0, "offset": 2}]}', "listed twice"),
