@@ -4,6 +4,12 @@ __version__ = "0.1.0"
 
 
 def register(spark) -> None:
-    """Register the ``kafkalog`` format with a SparkSession: the one line users add."""
+    """Register the ``kafkalog`` format with a SparkSession: the one line users add.
+
+    It also turns on ``spark.sql.python.filterPushdown.enabled``: the source pushes filters on
+    ``topic``, ``partition``, ``offset`` and ``timestamp`` down to the offset and time indexes,
+    and Spark refuses to plan a Python source that implements ``pushFilters`` without it.
+    """
     from .spark.datasource import KafkaLogDataSource
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(KafkaLogDataSource)

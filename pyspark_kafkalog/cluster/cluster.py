@@ -229,15 +229,16 @@ class Cluster:
         if ps is None:
             raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}")
         if isolation_level == "read_committed":
-            visible, end = ps.segment_visible, ps.high_watermark
-        elif isolation_level == "read_uncommitted":
-            visible, end = ps.segment_visible_uncommitted, ps.next_offset
+            visible, end, promised = ps.segment_visible, ps.high_watermark, ps.next_visible_offset
+        elif isolation_level == "read_uncommitted":   # open writes may not have their files yet
+            visible, end, promised = ps.segment_visible_uncommitted, ps.next_offset, None
         else:
             raise InvalidConfigError(f"isolation level must be read_committed or "
                                      f"read_uncommitted, got {isolation_level!r}")
         log = PartitionLog(self.storage, self.partition_dir(topic, partition, state=state),
                            state.topic_config(topic), log_start_offset=ps.log_start_offset,
-                           stats=stats, segment_filter=visible, high_watermark=end)
+                           stats=stats, segment_filter=visible, high_watermark=end,
+                           next_visible=promised)
         return PartitionView(topic, partition, ps.log_start_offset, end, log, ps)
 
     def partitions(self, state: Optional[ClusterState] = None) -> List[Tuple[str, int]]:

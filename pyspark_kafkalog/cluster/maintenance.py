@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from ..errors import KafkaLogError, error_for
+from ..errors import KafkaLogError, StorageNotFoundError, error_for
 from ..log.segment import LogSegment
 from .checkpoints import sync_checkpoints
 from .state import ClusterState, split_key, tp_key
@@ -114,32 +114,50 @@ def plan_retention(cluster, state: ClusterState, now_ms: int,
     ``retention.bytes`` (per partition) remove, and the log start offset that follows."""
     plans = []
     for topic, partition in partitions or cluster.partitions(state):
-        config = state.topic_config(topic)
-        if "delete" not in config.cleanup_policy:
-            continue
-        ps = state.partition(topic, partition)
-        segs = _segments(cluster, state, topic, partition)
-        sizes = [s.size() for s in segs]
-        total = sum(sizes)
-        cut, reasons = 0, set()
-        while cut < len(segs):
-            seg = segs[cut]
-            by_time = (config.retention_ms >= 0
-                       and now_ms - _largest_timestamp(seg) > config.retention_ms)
-            by_size = config.retention_bytes >= 0 and total - sizes[cut] >= config.retention_bytes
-            if not (by_time or by_size):
+        for _attempt in range(3):
+            try:
+                plan = _plan_partition(cluster, state, topic, partition, now_ms)
                 break
-            reasons.add("retention.ms" if by_time else "retention.bytes")
-            total -= sizes[cut]
-            cut += 1
-        if cut == 0:
-            continue
-        new_lso = segs[cut].base_offset if cut < len(segs) else ps.high_watermark
-        plans.append(RetentionPlan(topic, partition, ps.log_start_offset,
-                                   max(new_lso, ps.log_start_offset),
-                                   [s.base_offset for s in segs[:cut]], sum(sizes[:cut]),
-                                   ",".join(sorted(reasons))))
+            except StorageNotFoundError:
+                # delete-records or another retention run deleted a segment under us; they only
+                # raise the log start offset, so plan again from a newer state
+                state = cluster.state()
+        else:
+            continue   # still racing: the next run plans this partition
+        if plan is not None:
+            plans.append(plan)
     return plans
+
+
+def _plan_partition(cluster, state: ClusterState, topic: str, partition: int,
+                    now_ms: int) -> Optional[RetentionPlan]:
+    ps = state.partition(topic, partition)
+    if ps is None:
+        return None
+    config = state.topic_config(topic)
+    if "delete" not in config.cleanup_policy:
+        return None
+    segs = _segments(cluster, state, topic, partition)
+    sizes = [s.size() for s in segs]
+    total = sum(sizes)
+    cut, reasons = 0, set()
+    while cut < len(segs):
+        seg = segs[cut]
+        by_time = (config.retention_ms >= 0
+                   and now_ms - _largest_timestamp(seg) > config.retention_ms)
+        by_size = config.retention_bytes >= 0 and total - sizes[cut] >= config.retention_bytes
+        if not (by_time or by_size):
+            break
+        reasons.add("retention.ms" if by_time else "retention.bytes")
+        total -= sizes[cut]
+        cut += 1
+    if cut == 0:
+        return None
+    new_lso = segs[cut].base_offset if cut < len(segs) else ps.high_watermark
+    return RetentionPlan(topic, partition, ps.log_start_offset,
+                         max(new_lso, ps.log_start_offset),
+                         [s.base_offset for s in segs[:cut]], sum(sizes[:cut]),
+                         ",".join(sorted(reasons)))
 
 
 def apply_retention(cluster, plans: List[RetentionPlan]) -> ClusterState:

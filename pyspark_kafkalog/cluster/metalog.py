@@ -81,13 +81,16 @@ class MetadataLog:
                 continue   # snapshots are derived: fall back to an older one
         return ClusterState()
 
-    def state(self, refresh: bool = True) -> ClusterState:
-        """The state after the newest entry (replaying only what we have not seen yet)."""
+    def state(self, refresh: bool = True, *, replay_only: bool = False) -> ClusterState:
+        """The state after the newest entry (replaying only what we have not seen yet).
+
+        ``replay_only``: replay entries from the cached state rather than jump to a newer
+        snapshot, which holds no per-action results: a writer reads its own entry's outcome."""
         if self._state is not None and not refresh:
             return self._state
         state = self._state
         entries, snapshots = self._listing()
-        if state is None or (snapshots and snapshots[-1] > state.seq):
+        if state is None or (snapshots and snapshots[-1] > state.seq and not replay_only):
             newest_snapshot = snapshots[-1] if snapshots else -1
             if state is None or newest_snapshot > state.seq:
                 state = self._load_base(snapshots)
@@ -96,14 +99,22 @@ class MetadataLog:
             state = self._load_base(snapshots)
         state = state.copy() if state is self._state else state
         for seq in entries:
-            if seq <= state.seq:
-                continue
-            if seq != state.seq + 1:
-                raise CorruptRecordError(
-                    f"metadata log has a gap before entry {seq} (replayed to {state.seq})")
-            self._apply_entry(state, seq)
+            if seq > state.seq:
+                self._catch_up(state, seq)
         self._state = state
         return state
+
+    def _catch_up(self, state: ClusterState, seq: int) -> None:
+        """Replay up to entry ``seq``. A directory listing is no snapshot: an entry created while
+        we listed can be missing from it although a later one is there (local file systems
+        list in hash order), so entries missing before ``seq`` are read directly; only one that
+        does not exist is a gap (entries are immutable, and never deleted above a snapshot)."""
+        for missing in range(state.seq + 1, seq):
+            if not self.storage.exists(entry_name(missing)):
+                raise CorruptRecordError(
+                    f"metadata log has a gap before entry {seq} (replayed to {state.seq})")
+            self._apply_entry(state, missing)
+        self._apply_entry(state, seq)
 
     def _apply_entry(self, state: ClusterState, seq: int) -> None:
         try:
@@ -132,9 +143,11 @@ class MetadataLog:
             except AlreadyExistsError:
                 state = self.state()
                 continue
-            state = self.state()
+            # our outcome is in the replay of our entry: never skip it by loading a newer
+            # snapshot that another process wrote meanwhile (snapshots keep no results)
+            state = self.state(replay_only=True)
             if state.seq < seq:   # listing lagged behind our own write: replay it directly
-                self._apply_entry(state, seq)
+                self._catch_up(state, seq)
             self._maybe_snapshot(state)
             return seq, state
         raise KafkaStorageError(f"could not append to the metadata log after "

@@ -73,6 +73,15 @@ class PartitionState:
         i = bisect.bisect_right([r[0] for r in self.committed], offset) - 1
         return i >= 0 and offset < self.committed[i][1]
 
+    def next_visible_offset(self, offset: int) -> Optional[int]:
+        """The first offset >= ``offset`` holding a visible record, or None if none is left."""
+        offset = max(offset, self.log_start_offset)
+        for start, end, _ in self.committed:
+            if end > offset:
+                first = max(start, offset)
+                return first if first < self.high_watermark else None
+        return None
+
     def segment_visible(self, base_offset: int) -> bool:
         """Readers may open a segment iff it starts in a committed range below the high
         watermark. Segments never span reservations, so the base decides the whole file; one

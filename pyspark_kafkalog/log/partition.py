@@ -60,11 +60,16 @@ class RecoveryReport:
 class PartitionLog:
     def __init__(self, storage, dir_path: str, config: Optional[LogConfig] = None, *,
                  log_start_offset: Optional[int] = None, stats: Optional[ReadStats] = None,
-                 segment_filter=None, high_watermark: Optional[int] = None):
+                 segment_filter=None, high_watermark: Optional[int] = None,
+                 next_visible=None):
         """``segment_filter(base_offset) -> bool`` hides segments (the cluster protocol shows only
-        committed ones); ``high_watermark``, when given, is authoritative for reads."""
+        committed ones); ``high_watermark``, when given, is authoritative for reads.
+        ``next_visible(offset)``, when given, is the first offset >= ``offset`` that the reader's
+        metadata says holds data (or None): data it promises that no listed segment holds was
+        deleted after that metadata was read, and is an OffsetOutOfRangeError, never skipped."""
         self.storage = storage
         self.segment_filter = segment_filter
+        self.next_visible = next_visible
         self.high_watermark = high_watermark
         self.dir = dir_path.rstrip("/")
         self.topic, self.partition = parse_partition_dir(self.dir.rsplit("/", 1)[-1])
@@ -163,9 +168,23 @@ class PartitionLog:
             seg = self.segments[i]
             data, _ = seg.read_from(offset, max_bytes)
             if data:
+                self._check_nothing_skipped(offset, seg.base_offset)
                 return data, seg.base_offset
             i += 1
+        self._check_nothing_skipped(offset, hw)
         return b"", -1
+
+    def _check_nothing_skipped(self, offset: int, found: int) -> None:
+        """Reading ``offset`` found data only from ``found`` on: if the metadata promises data in
+        between, its segment was deleted (retention, delete-records) after the reader's metadata
+        snapshot and after nothing more than a listing: report it, never return less."""
+        if self.next_visible is None or found <= offset:
+            return
+        expected = self.next_visible(offset)
+        if expected is not None and expected < found:
+            raise OffsetOutOfRangeError(
+                f"{self.topic}-{self.partition}: offset {expected} was deleted while being read "
+                f"(its segment is gone; the log start offset has moved past it)")
 
     def read_columns(self, start: int, end: Optional[int] = None, *, max_bytes: int = 1 << 20,
                      high_watermark: Optional[int] = None, skip_control: bool = True,

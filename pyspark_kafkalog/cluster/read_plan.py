@@ -1,0 +1,304 @@
+"""Planning a batch read: which partitions, which offset range of each, split into how many tasks.
+
+This is the driver half of ``spark.read.format("kafkalog")``, kept free of Spark so it can be
+tested and reused on its own. The meaning follows Spark's Kafka source (KafkaOffsetReader,
+KafkaOffsetRangeCalculator) wherever it applies:
+
+1. **partitions**: ``assign`` / ``subscribe`` / ``subscribePattern`` (full-match regex; Kafka's
+   internal topics are left out of patterns), narrowed by pushed-down ``topic`` and ``partition``
+   predicates. JSON offsets or timestamps must name exactly these partitions, as in Spark.
+2. **start and end** per partition, from ``startingOffsets``/``endingOffsets`` (``earliest`` =
+   log start offset, ``latest`` = high watermark, or Kafka's last stable offset under
+   read_committed), or by timestamp through the time index (Kafka's ``offsetsForTimes``: the
+   earliest offset whose timestamp is >= T; no match: ``startingOffsetsByTimestampStrategy``
+   for starts, ``latest`` for ends).
+3. **data loss**: an offset below the log start offset (deleted by retention or delete-records)
+   or past the high watermark is an :class:`OffsetOutOfRangeError` with ``failOnDataLoss=true``;
+   with ``false`` the range shrinks to what exists.
+4. **pushed filters** only ever shrink the range: ``offset`` bounds directly, a ``timestamp``
+   lower bound T through the time index (no record before ``offsetsForTimes(T)`` can have a
+   timestamp >= T). Upper bounds on ``timestamp`` do not narrow: CreateTime timestamps are not
+   ordered by offset, so a record after ``offsetsForTimes(T')`` may still be older than T'.
+5. **transactions** (Kafka log dirs under read_committed): one walk over batch headers finds the
+   aborted ranges and the last stable offset (log/transactions.py); the end is capped there.
+6. **splitting**: Spark's KafkaOffsetRangeCalculator, ``maxRecordsPerPartition`` first, then
+   ``minPartitions`` proportionally to range sizes.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Optional, Tuple
+
+from ..errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from ..log.segment import ReadStats
+from ..log.transactions import AbortedRange, scan_transactions
+from .sources import INTERNAL_TOPICS, PartitionHandle, ReadSource
+
+EARLIEST = -2
+LATEST = -1
+TopicPartition = Tuple[str, int]
+
+
+# -- what to read (built by the option parser) -----------------------------------------------
+
+@dataclass(frozen=True)
+class Subscription:
+    kind: str                                   # "assign" | "subscribe" | "subscribePattern"
+    value: str                                  # the option's text, for messages
+    assign: Tuple[TopicPartition, ...] = ()
+    topics: Tuple[str, ...] = ()
+    pattern: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class OffsetLimit:
+    """A starting or ending position after Spark's precedence (``*Timestamp`` over
+    ``*OffsetsByTimestamp`` over ``*Offsets``)."""
+
+    option: str                                 # the option it came from
+    value: str
+    kind: str              # earliest | latest | offsets | timestamps | timestamp
+    per_partition: Tuple[Tuple[TopicPartition, int], ...] = ()
+    timestamp: Optional[int] = None
+
+    def lookup(self) -> Dict[TopicPartition, int]:
+        return dict(self.per_partition)
+
+
+@dataclass
+class Bounds:
+    """What pushed-down filters allow; everything starts unrestricted."""
+
+    topics: Optional[FrozenSet[str]] = None
+    partitions: Optional[FrozenSet[int]] = None
+    partition_lo: int = 0
+    partition_hi: Optional[int] = None          # exclusive
+    offset_lo: int = 0
+    offset_hi: Optional[int] = None             # exclusive
+    timestamp_lo: Optional[int] = None          # ms, inclusive
+
+    def only_topics(self, names) -> None:
+        names = frozenset(names)
+        self.topics = names if self.topics is None else self.topics & names
+
+    def only_partitions(self, values) -> None:
+        values = frozenset(values)
+        self.partitions = values if self.partitions is None else self.partitions & values
+
+    def partitions_from(self, lo: int) -> None:
+        self.partition_lo = max(self.partition_lo, lo)
+
+    def partitions_below(self, hi: int) -> None:
+        self.partition_hi = hi if self.partition_hi is None else min(self.partition_hi, hi)
+
+    def offsets_from(self, lo: int) -> None:
+        self.offset_lo = max(self.offset_lo, lo)
+
+    def offsets_below(self, hi: int) -> None:
+        self.offset_hi = hi if self.offset_hi is None else min(self.offset_hi, hi)
+
+    def timestamps_from(self, lo_ms: int) -> None:
+        self.timestamp_lo = lo_ms if self.timestamp_lo is None else max(self.timestamp_lo, lo_ms)
+
+    def allows(self, topic: str, partition: int) -> bool:
+        return ((self.topics is None or topic in self.topics)
+                and (self.partitions is None or partition in self.partitions)
+                and partition >= self.partition_lo
+                and (self.partition_hi is None or partition < self.partition_hi))
+
+
+@dataclass
+class ReadTask:
+    """One task's offset range ``[start, end)`` of one partition (picklable)."""
+
+    handle: PartitionHandle
+    start: int
+    end: int
+    aborted: List[AbortedRange] = field(default_factory=list)
+
+    @property
+    def topic(self) -> str:
+        return self.handle.topic
+
+    @property
+    def partition(self) -> int:
+        return self.handle.partition
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def slice(self, start: int, end: int) -> "ReadTask":
+        return ReadTask(self.handle, start, end,
+                        [r for r in self.aborted if r[1] < end and r[2] > start])
+
+
+# -- 1. partitions -----------------------------------------------------------------------------
+
+def subscribed_partitions(source: ReadSource, sub: Subscription) -> List[TopicPartition]:
+    if sub.kind == "assign":
+        known = set()
+        for topic, p in sub.assign:
+            if topic not in known and not source.partitions(topic):
+                raise UnknownTopicOrPartitionError(
+                    f"option assign={sub.value}: topic {topic!r} does not exist in {source.url}")
+            known.add(topic)
+            if p not in source.partitions(topic):
+                raise UnknownTopicOrPartitionError(
+                    f"option assign={sub.value}: partition {topic}-{p} does not exist in "
+                    f"{source.url}")
+        return sorted(set(sub.assign))
+    if sub.kind == "subscribe":
+        topics = sorted(set(sub.topics))
+    else:
+        rx = re.compile(sub.pattern)
+        topics = [t for t in source.topics() if t not in INTERNAL_TOPICS and rx.fullmatch(t)]
+    return [(t, p) for t in topics for p in source.partitions(t)]
+
+
+def _check_covers(limit: Optional[OffsetLimit], tps: List[TopicPartition]) -> None:
+    """Spark: JSON offsets or timestamps must name exactly the subscribed partitions."""
+    if limit is None or limit.kind not in ("offsets", "timestamps"):
+        return
+    named = set(limit.lookup())
+    if named != set(tps):
+        fmt = lambda s: ", ".join(f"{t}-{p}" for t, p in sorted(s)) or "none"  # noqa: E731
+        raise InvalidConfigError(
+            f"option {limit.option}={limit.value}: if it names specific partitions it must name "
+            f"all of them (-2 earliest, -1 latest). Named: {fmt(named)}; subscribed: {fmt(tps)}")
+
+
+# -- 2-5. one partition's range ----------------------------------------------------------------
+
+def _offset_for_timestamp(log, timestamp: int, high: int) -> Optional[int]:
+    found = log.offset_for_timestamp(timestamp)
+    return found[0] if found is not None and found[0] < high else None
+
+
+def _resolve(limit: OffsetLimit, tp: TopicPartition, log, low: int, high: int,
+             starting: bool, strategy: str) -> int:
+    if limit.kind == "earliest":
+        return low
+    if limit.kind == "latest":
+        return high
+    if limit.kind == "offsets":
+        offset = limit.lookup()[tp]
+        return low if offset == EARLIEST else high if offset == LATEST else offset
+    ts = limit.lookup()[tp] if limit.kind == "timestamps" else limit.timestamp
+    offset = _offset_for_timestamp(log, ts, high)
+    if offset is not None:
+        return offset
+    if starting and strategy == "error":
+        raise OffsetOutOfRangeError(
+            f"option {limit.option}: no offset of {tp[0]}-{tp[1]} has a timestamp >= {ts}; set "
+            "startingOffsetsByTimestampStrategy=latest to start at the latest offset instead")
+    return high
+
+
+def _data_loss(message: str) -> OffsetOutOfRangeError:
+    return OffsetOutOfRangeError(
+        f"{message}. Some data may have been lost because it is not available any more (deleted "
+        "by retention or delete-records) or not there yet. If you want the query to read what "
+        "exists instead of failing, set the option failOnDataLoss to false")
+
+
+def plan_partition(handle: PartitionHandle, log, opts, bounds: Bounds,
+                   kafka_transactions: bool) -> Optional[ReadTask]:
+    """The range of one partition, or None when nothing in it can match."""
+    tp = (handle.topic, handle.partition)
+    low, high = handle.log_start_offset, handle.high_watermark
+    start = _resolve(opts.starting, tp, log, low, high, True, opts.starting_strategy)
+    end = _resolve(opts.ending, tp, log, low, high, False, opts.starting_strategy)
+    name = f"{tp[0]}-{tp[1]}"
+    for offset, limit, is_start in ((start, opts.starting, True), (end, opts.ending, False)):
+        if low <= offset <= high:
+            continue
+        where = (f"below the log start offset {low}" if offset < low
+                 else f"past the high watermark {high}")
+        if opts.fail_on_data_loss:
+            raise _data_loss(f"{name}: {limit.option}={limit.value} asks for offset {offset}, "
+                             f"{where}")
+        clamped = min(max(offset, low), high)
+        start, end = (clamped, end) if is_start else (start, clamped)
+    if start > end:
+        raise InvalidConfigError(
+            f"{name}: the starting offset {start} ({opts.starting.option}="
+            f"{opts.starting.value}) is after the ending offset {end} ({opts.ending.option}="
+            f"{opts.ending.value})")
+    # pushed filters
+    start = max(start, bounds.offset_lo)
+    if bounds.offset_hi is not None:
+        end = min(end, bounds.offset_hi)
+    if start < end and bounds.timestamp_lo is not None:
+        first = _offset_for_timestamp(log, bounds.timestamp_lo, high)
+        if first is None:
+            return None
+        start = max(start, first)
+    if start >= end:
+        return None
+    aborted: List[AbortedRange] = []
+    if opts.read_committed and kafka_transactions:
+        scan = scan_transactions(log, start, end, high)
+        end = min(end, scan.last_stable_offset)
+        aborted = scan.aborted_in(start, end)
+        if start >= end:
+            return None
+    return ReadTask(handle, start, end, aborted)
+
+
+def plan(source: ReadSource, opts, bounds: Optional[Bounds] = None,
+         stats: Optional[ReadStats] = None) -> List[ReadTask]:
+    """All tasks of a read. ``opts`` carries the fields of ``spark.read_options.ReadOptions``:
+    subscription, starting, ending, starting_strategy, fail_on_data_loss, read_committed,
+    min_partitions, max_records_per_partition."""
+    bounds = bounds or Bounds()
+    tps = subscribed_partitions(source, opts.subscription)
+    _check_covers(opts.starting, tps)
+    _check_covers(opts.ending, tps)
+    tasks = []
+    for topic, p in tps:
+        if not bounds.allows(topic, p):
+            continue
+        handle, log = source.view(topic, p, stats)
+        task = plan_partition(handle, log, opts, bounds, source.kafka_transactions)
+        if task is not None:
+            tasks.append(task)
+    return split(tasks, opts.min_partitions, opts.max_records_per_partition)
+
+
+# -- 6. splitting (Spark's KafkaOffsetRangeCalculator) ------------------------------------------
+
+def _divide(task: ReadTask, parts: int) -> List[ReadTask]:
+    out, remaining, start = [], task.size, task.start
+    for part in range(parts):
+        this = remaining // (parts - part)
+        remaining -= this
+        end = min(start + this, task.end)
+        if end > start:
+            out.append(task.slice(start, end))
+        start = end
+    return out
+
+
+def split(tasks: List[ReadTask], min_partitions: Optional[int] = None,
+          max_records: Optional[int] = None) -> List[ReadTask]:
+    tasks = [t for t in tasks if t.size > 0]
+    if (min_partitions is None or len(tasks) >= min_partitions) and max_records is None:
+        return tasks
+    if max_records is not None:
+        tasks = [piece for t in tasks for piece in _divide(t, math.ceil(t.size / max_records))]
+    if min_partitions is None or min_partitions <= len(tasks):
+        return tasks
+    total = sum(t.size for t in tasks)
+
+    def part_count(size: int, total_size: int, parts: int) -> int:
+        # Scala's math.round rounds half up
+        return max(int(math.floor(size / total_size * parts + 0.5)), 1) if total_size else 1
+
+    unsplit = [t for t in tasks if part_count(t.size, total, min_partitions) == 1]
+    split_total = total - sum(t.size for t in unsplit)
+    split_parts = max(min_partitions - len(unsplit), 1)
+    return [piece for t in tasks
+            for piece in _divide(t, part_count(t.size, split_total, split_parts))]

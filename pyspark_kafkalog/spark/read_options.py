@@ -1,0 +1,386 @@
+"""Options of ``spark.read.format("kafkalog")``: Spark's Kafka source names and meanings.
+
+Every option Spark's Kafka source documents (structured-streaming-kafka-integration) is either
+supported with the same meaning, accepted as a documented no-op, or rejected with a reason.
+Anything else is an error naming the option, so a typo never silently reads the wrong thing.
+Option names are case-insensitive, as in Spark. Errors are :class:`InvalidConfigError` and name
+the option and its value.
+
+=====================================  ===========================================================
+option                                  kafkalog (batch read)
+=====================================  ===========================================================
+``path`` / ``load(path)``               **required**: a kafkalog cluster root (has
+                                        ``_kafkalog/cluster.json``) or any Kafka log dir (a copy of
+                                        a broker's ``log.dirs``; read-only). Local path or URL.
+``assign``                              as Spark: JSON ``{"topicA":[0,1]}``. A partition that does
+                                        not exist is an error.
+``subscribe``                           as Spark: comma-separated topics; a topic that does not
+                                        exist has no partitions (empty result), as in Spark.
+``subscribePattern``                    as Spark: a regex that must match the whole topic name;
+                                        Kafka's internal topics (``__consumer_offsets`` …) are
+                                        left out. Exactly one of the three is required.
+``startingOffsets``                     as Spark, default ``earliest`` (the log start offset);
+                                        JSON ``{"t":{"0":23,"1":-2}}`` (-2 earliest) naming every
+                                        subscribed partition. ``latest`` / -1 is invalid for batch.
+``endingOffsets``                       as Spark, default ``latest`` (the high watermark; Kafka's
+                                        last stable offset under read_committed); JSON with -1
+                                        latest. ``earliest`` / -2 is invalid for batch.
+``startingOffsetsByTimestamp``          as Spark: JSON ``{"t":{"0":1700000000000}}`` (ms); the
+                                        earliest offset whose timestamp is >= it, through the
+                                        ``.timeindex`` (Kafka's ``offsetsForTimes``). Takes
+                                        precedence over ``startingOffsets``.
+``startingTimestamp``                   as Spark: one timestamp (ms) for every partition; takes
+                                        precedence over both options above.
+``endingOffsetsByTimestamp``            as Spark (no match: latest); over ``endingOffsets``.
+``endingTimestamp``                     as Spark; over both options above.
+``startingOffsetsByTimestampStrategy``  as Spark: ``error`` (default) fails when no offset
+                                        matches a starting timestamp, ``latest`` starts at latest.
+``failOnDataLoss``                      as Spark, default ``true``: offsets below the log start
+                                        offset (deleted by retention or delete-records) or past
+                                        the high watermark are an ``OffsetOutOfRangeError``;
+                                        ``false`` reads what exists.
+``minPartitions``                       as Spark: split offset ranges into at least this many
+                                        tasks (Spark's KafkaOffsetRangeCalculator).
+``maxRecordsPerPartition``              as Spark: at most this many offsets per task.
+``includeHeaders``                      as Spark, default ``false``: adds the ``headers`` column.
+``kafka.isolation.level``               ``read_uncommitted`` (Kafka's default) or
+                                        ``read_committed``. Control records are never returned.
+                                        read_committed drops aborted Kafka transactions and stops
+                                        at the last stable offset (logs Kafka wrote). A kafkalog
+                                        cluster shows only committed writes in both levels
+                                        (docs/protocol.md §4).
+``readToLogEnd``                        kafkalog only, default ``false``: read a Kafka log dir to
+                                        its log end offset instead of the high watermark in
+                                        ``replication-offset-checkpoint`` (a partition the file
+                                        does not list is always read to its log end). An error on
+                                        a cluster root.
+``storage.<name>``                      kafkalog only: storage backend options (fsspec / s3fs,
+                                        e.g. ``storage.endpoint_url``), as in
+                                        ``conf/cluster.properties``.
+``kafka.bootstrap.servers``             **error**: there are no brokers; name the data with
+                                        ``load(path)``.
+``kafka.group.id``, ``groupIdPrefix``   no-op: batch reads use no consumer group and commit
+                                        nothing (Spark's batch source commits nothing either).
+``kafka.auto.offset.reset``             **error**, as in Spark: use ``startingOffsets``.
+``kafka.key.deserializer``,             **error**, as in Spark: keys and values are binary;
+``kafka.value.deserializer``            deserialize with DataFrame operations.
+``kafka.enable.auto.commit``,           **error**, as in Spark.
+``kafka.interceptor.classes``
+other ``kafka.<consumer config>``       no-op: client tuning (``kafka.security.protocol``,
+                                        ``kafka.ssl.*``, ``kafka.sasl.*``,
+                                        ``kafka.max.poll.records``, …) of a broker connection
+                                        that does not exist. A name that is not a Kafka consumer
+                                        config is an error.
+``fetchOffset.numRetries``,             no-op: offsets are read from storage, no broker request
+``fetchOffset.retryIntervalMs``,        to retry or time out.
+``kafkaConsumer.pollTimeoutMs``
+``maxOffsetsPerTrigger``,               no-op: streaming-only, ignored by batch queries as in
+``minOffsetsPerTrigger``,               Spark.
+``maxTriggerDelay``
+``topic``                               **error**: a write option (reads use ``subscribe`` /
+                                        ``assign``).
+``load(p1, p2, …)`` (``paths``)         **error**: one root or log dir per read.
+=====================================  ===========================================================
+
+``kafkalog.test.statsFile`` is a hidden, test-only option: each task appends one JSON line with
+the bytes it read (``ReadStats``) to that local file, so tests can assert on bytes, not time.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Optional, Tuple
+
+from ..cluster.read_plan import EARLIEST, LATEST, OffsetLimit, Subscription
+from ..errors import InvalidConfigError
+
+# lower-case key -> canonical spelling
+SUPPORTED = {k.lower(): k for k in (
+    "path", "assign", "subscribe", "subscribePattern", "startingOffsets", "endingOffsets",
+    "startingOffsetsByTimestamp", "startingTimestamp", "endingOffsetsByTimestamp",
+    "endingTimestamp", "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions",
+    "maxRecordsPerPartition", "includeHeaders", "kafka.isolation.level", "readToLogEnd",
+    "kafkalog.test.statsFile")}
+NO_OPS = {k.lower(): k for k in (
+    "kafka.group.id", "groupIdPrefix", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
+    "kafkaConsumer.pollTimeoutMs", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
+    "maxTriggerDelay")}
+REJECTED = {
+    "kafka.bootstrap.servers": "kafkalog reads Kafka's log files from storage, there are no "
+                               "brokers to connect to: remove it and name the data with "
+                               "load(path) or option('path', ...)",
+    "kafka.auto.offset.reset": "not supported (as in Spark's Kafka source): set startingOffsets "
+                               "to 'earliest' or a JSON of offsets instead",
+    "kafka.key.deserializer": "not supported (as in Spark's Kafka source): keys are binary; "
+                              "deserialize them with DataFrame operations",
+    "kafka.value.deserializer": "not supported (as in Spark's Kafka source): values are binary; "
+                                "deserialize them with DataFrame operations",
+    "kafka.enable.auto.commit": "not supported (as in Spark's Kafka source): batch reads commit "
+                                "no offsets",
+    "kafka.interceptor.classes": "not supported (as in Spark's Kafka source): there is no "
+                                 "consumer to intercept",
+    "topic": "a write option; to read, name topics with subscribe, subscribePattern or assign",
+    "paths": "format('kafkalog') reads one cluster root or log dir: load(path) with one path",
+}
+# Kafka consumer configs (ConsumerConfig and CommonClientConfigs): accepted under kafka.* and
+# ignored, since they tune a broker connection that does not exist here.
+_CONSUMER_CONFIGS = frozenset("""
+allow.auto.create.topics auto.commit.interval.ms auto.include.jmx.reporter check.crcs
+client.dns.lookup client.id client.rack connections.max.idle.ms default.api.timeout.ms enable.metrics.push
+exclude.internal.topics fetch.max.bytes fetch.max.wait.ms fetch.min.bytes group.instance.id
+group.protocol group.remote.assignor heartbeat.interval.ms internal.leave.group.on.close
+max.partition.fetch.bytes max.poll.interval.ms max.poll.records metadata.max.age.ms
+metadata.recovery.strategy metric.reporters metrics.num.samples metrics.recording.level
+metrics.sample.window.ms partition.assignment.strategy receive.buffer.bytes
+reconnect.backoff.max.ms reconnect.backoff.ms request.timeout.ms retry.backoff.max.ms
+retry.backoff.ms security.protocol security.providers send.buffer.bytes session.timeout.ms
+socket.connection.setup.timeout.max.ms socket.connection.setup.timeout.ms
+""".split())
+_CONSUMER_PREFIXES = ("ssl.", "sasl.")
+STORAGE_PREFIX = "storage."
+ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
+
+_JSON_OFFSETS_EXAMPLE = '{"topicA":{"0":23,"1":-1},"topicB":{"0":-2}}'
+_JSON_TIMESTAMPS_EXAMPLE = '{"topicA":{"0":1700000000000,"1":1700000000000}}'
+_JSON_ASSIGN_EXAMPLE = '{"topicA":[0,1],"topicB":[2,4]}'
+
+
+def _err(option: str, value, why: str) -> InvalidConfigError:
+    return InvalidConfigError(f"option {option}={value!r}: {why}")
+
+
+def _bool(option: str, value: str) -> bool:
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise _err(option, value, "expected true or false")
+
+
+def _positive_int(option: str, value: str) -> int:
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise _err(option, value, "expected a positive integer") from None
+    if n <= 0:
+        raise _err(option, value, "must be positive")
+    return n
+
+
+def _timestamp(option: str, value) -> int:
+    try:
+        ts = int(str(value).strip())
+    except ValueError:
+        raise _err(option, value, "expected a timestamp in milliseconds since the epoch") from None
+    if ts < 0:
+        raise _err(option, value, "a timestamp must be >= 0 (milliseconds since the epoch)")
+    return ts
+
+
+def _json_object(option: str, value: str, example: str):
+    try:
+        parsed = json.loads(value)
+    except (TypeError, ValueError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise _err(option, value, f"expected JSON like {example}")
+    return parsed
+
+
+def _partition_key(option: str, value: str, key, example: str) -> int:
+    text = str(key)
+    if not re.fullmatch(r"\d+", text):
+        raise _err(option, value, f"partition {key!r} is not a partition number; expected JSON "
+                                  f"like {example}")
+    return int(text)
+
+
+def _per_partition(option: str, value: str,
+                   example: str) -> Tuple[Tuple[Tuple[str, int], int], ...]:
+    """``{"topic": {"0": n, ...}, ...}`` -> sorted ((topic, partition), n) pairs."""
+    parsed = _json_object(option, value, example)
+    out = {}
+    for topic, parts in parsed.items():
+        if not isinstance(parts, dict) or not parts:
+            raise _err(option, value, f"expected JSON like {example}")
+        for key, n in parts.items():
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise _err(option, value, f"{topic}-{key}: {n!r} is not an integer; expected "
+                                          f"JSON like {example}")
+            out[(topic, _partition_key(option, value, key, example))] = n
+    if not out:
+        raise _err(option, value, f"names no partition; expected JSON like {example}")
+    return tuple(sorted(out.items()))
+
+
+def _subscription(opts: Dict[str, str]) -> Subscription:
+    given = [k for k in ("assign", "subscribe", "subscribepattern") if k in opts]
+    names = ", ".join(SUPPORTED[k] for k in given)
+    if len(given) != 1:
+        raise InvalidConfigError(
+            f"exactly one of the options assign, subscribe, subscribePattern must be given "
+            f"(got {names or 'none'})")
+    key = given[0]
+    value = opts[key]
+    if key == "assign":
+        parsed = _json_object("assign", value, _JSON_ASSIGN_EXAMPLE)
+        tps = []
+        for topic, parts in parsed.items():
+            if not isinstance(parts, list) or any(
+                    isinstance(p, bool) or not isinstance(p, int) or p < 0 for p in parts):
+                raise _err("assign", value, f"expected JSON like {_JSON_ASSIGN_EXAMPLE}")
+            tps += [(topic, p) for p in parts]
+        if not tps:
+            raise _err("assign", value, "no topic partitions to assign")
+        return Subscription("assign", value, assign=tuple(sorted(set(tps))))
+    if key == "subscribe":
+        topics = tuple(t.strip() for t in str(value).split(",") if t.strip())
+        if not topics:
+            raise _err("subscribe", value, "no topics to subscribe to")
+        return Subscription("subscribe", value, topics=topics)
+    pattern = str(value).strip()
+    if not pattern:
+        raise _err("subscribePattern", value, "the pattern to subscribe is empty")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise _err("subscribePattern", value, f"not a valid regular expression ({exc})") from None
+    return Subscription("subscribePattern", value, pattern=pattern)
+
+
+def _limit(opts: Dict[str, str], starting: bool) -> OffsetLimit:
+    """Spark's precedence: *Timestamp, then *OffsetsByTimestamp, then *Offsets."""
+    side = "starting" if starting else "ending"
+    ts_key, by_ts_key, off_key = (f"{side}Timestamp", f"{side}OffsetsByTimestamp",
+                                  f"{side}Offsets")
+    if ts_key.lower() in opts:
+        value = opts[ts_key.lower()]
+        return OffsetLimit(ts_key, value, "timestamp", timestamp=_timestamp(ts_key, value))
+    if by_ts_key.lower() in opts:
+        value = opts[by_ts_key.lower()]
+        pairs = _per_partition(by_ts_key, value, _JSON_TIMESTAMPS_EXAMPLE)
+        for (topic, p), ts in pairs:
+            if ts < 0:
+                raise _err(by_ts_key, value, f"{topic}-{p}: a timestamp must be >= 0 "
+                                             "(milliseconds since the epoch)")
+        return OffsetLimit(by_ts_key, value, "timestamps", per_partition=pairs)
+    default = "earliest" if starting else "latest"
+    value = opts.get(off_key.lower(), default)
+    text = str(value).strip().lower()
+    if text in ("earliest", "latest"):
+        if starting and text == "latest":
+            raise _err(off_key, value, "starting offset can't be latest for batch queries")
+        if not starting and text == "earliest":
+            raise _err(off_key, value, "ending offset can't be earliest for batch queries")
+        return OffsetLimit(off_key, value, text)
+    if not str(value).strip().startswith("{"):
+        raise _err(off_key, value, f"expected earliest, latest or JSON like "
+                                   f"{_JSON_OFFSETS_EXAMPLE}")
+    pairs = _per_partition(off_key, value, _JSON_OFFSETS_EXAMPLE)
+    for (topic, p), offset in pairs:
+        if starting and offset == LATEST:
+            raise _err(off_key, value, f"{topic}-{p}: starting offset can't be latest (-1) for "
+                                       "batch queries")
+        if not starting and offset == EARLIEST:
+            raise _err(off_key, value, f"{topic}-{p}: ending offset can't be earliest (-2) for "
+                                       "batch queries")
+        if offset < EARLIEST:
+            raise _err(off_key, value, f"{topic}-{p}: invalid offset {offset} (use an offset "
+                                       ">= 0, -2 for earliest or -1 for latest)")
+    return OffsetLimit(off_key, value, "offsets", per_partition=pairs)
+
+
+def _check_names(opts: Dict[str, str]) -> None:
+    for key, value in opts.items():
+        if key in SUPPORTED or key in NO_OPS:
+            continue
+        if key in REJECTED:
+            raise InvalidConfigError(f"option {key}={value!r}: {REJECTED[key]}")
+        if key.startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
+            continue
+        if key.startswith("kafka."):
+            name = key[len("kafka."):]
+            if name in _CONSUMER_CONFIGS or name.startswith(_CONSUMER_PREFIXES):
+                continue
+            raise InvalidConfigError(
+                f"option {key}={value!r}: {name!r} is not a Kafka consumer config (kafka.* "
+                "options are Kafka consumer configs; only kafka.isolation.level has an effect)")
+        known = list(SUPPORTED.values()) + list(NO_OPS.values())
+        close = difflib.get_close_matches(key, [k.lower() for k in known], n=1)
+        hint = f"; did you mean {SUPPORTED.get(close[0]) or NO_OPS.get(close[0])}?" if close else ""
+        raise InvalidConfigError(f"unknown option {key}={value!r} for format('kafkalog') reads"
+                                 f"{hint} (the options table is in "
+                                 "pyspark_kafkalog/spark/read_options.py)")
+
+
+@dataclass
+class ReadOptions:
+    """Parsed read options; the fields ``cluster.read_plan.plan`` uses are named as it says."""
+
+    path: Optional[str] = None
+    subscription: Optional[Subscription] = None
+    starting: OffsetLimit = field(default_factory=lambda: OffsetLimit(
+        "startingOffsets", "earliest", "earliest"))
+    ending: OffsetLimit = field(default_factory=lambda: OffsetLimit(
+        "endingOffsets", "latest", "latest"))
+    starting_strategy: str = "error"
+    fail_on_data_loss: bool = True
+    min_partitions: Optional[int] = None
+    max_records_per_partition: Optional[int] = None
+    include_headers: bool = False
+    isolation_level: str = "read_uncommitted"
+    read_to_log_end: bool = False
+    storage_options: Dict[str, str] = field(default_factory=dict)
+    stats_file: Optional[str] = None
+
+    @property
+    def read_committed(self) -> bool:
+        return self.isolation_level == "read_committed"
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], validate: bool = True) -> "ReadOptions":
+        """Parse Spark's option map (keys case-insensitive). ``validate=False`` (used for the
+        schema) parses only ``includeHeaders`` and never fails on the other options."""
+        opts = {str(k).lower(): ("" if v is None else str(v)) for k, v in dict(options).items()}
+        out = cls()
+        if "includeheaders" in opts:
+            out.include_headers = _bool("includeHeaders", opts["includeheaders"])
+        if not validate:
+            return out
+        _check_names(opts)
+        path = opts.get("path", "").strip()
+        if not path:
+            raise InvalidConfigError(
+                "format('kafkalog') needs a path: load(path) or option('path', ...), naming a "
+                "kafkalog cluster root or a Kafka log dir")
+        out.path = path
+        out.subscription = _subscription(opts)
+        out.starting = _limit(opts, True)
+        out.ending = _limit(opts, False)
+        key = "startingoffsetsbytimestampstrategy"
+        if key in opts:
+            strategy = opts[key].strip().lower()
+            if strategy not in ("error", "latest"):
+                raise _err("startingOffsetsByTimestampStrategy", opts[key],
+                           "expected error or latest")
+            out.starting_strategy = strategy
+        if "failondataloss" in opts:
+            out.fail_on_data_loss = _bool("failOnDataLoss", opts["failondataloss"])
+        if "minpartitions" in opts:
+            out.min_partitions = _positive_int("minPartitions", opts["minpartitions"])
+        if "maxrecordsperpartition" in opts:
+            out.max_records_per_partition = _positive_int("maxRecordsPerPartition",
+                                                          opts["maxrecordsperpartition"])
+        if "kafka.isolation.level" in opts:
+            level = opts["kafka.isolation.level"].strip().lower()
+            if level not in ISOLATION_LEVELS:
+                raise _err("kafka.isolation.level", opts["kafka.isolation.level"],
+                           "expected read_uncommitted or read_committed")
+            out.isolation_level = level
+        if "readtologend" in opts:
+            out.read_to_log_end = _bool("readToLogEnd", opts["readtologend"])
+        out.storage_options = {k[len(STORAGE_PREFIX):]: v for k, v in opts.items()
+                               if k.startswith(STORAGE_PREFIX)}
+        out.stats_file = opts.get("kafkalog.test.statsfile") or None
+        return out

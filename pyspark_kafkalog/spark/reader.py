@@ -1,0 +1,199 @@
+"""``spark.read.format("kafkalog")``: the DataSourceReader, a thin shell over the layers below.
+
+* ``pushFilters`` turns Spark's filters on ``topic``, ``partition``, ``offset`` and
+  ``timestamp`` into :class:`~pyspark_kafkalog.cluster.read_plan.Bounds`;
+* ``partitions`` (driver side, in a planning worker) plans offset ranges with
+  :func:`~pyspark_kafkalog.cluster.read_plan.plan`;
+* ``read`` (executors) re-opens storage from the URL and yields Arrow record batches through
+  :func:`~pyspark_kafkalog.cluster.range_reader.read_range`.
+
+Which filters go back to Spark: exact narrowing (``topic`` =/IN, ``partition`` =/IN/comparisons,
+``offset`` =/comparisons, IS NOT NULL on never-null columns) is fully handled here. ``offset IN``
+only narrows to its min..max, and ``timestamp`` predicates only move the start (a lower bound, via
+the time index), so both are returned for Spark to apply to the rows.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from numbers import Real
+from typing import Iterator, List
+
+from pyspark.sql.datasource import (DataSourceReader, EqualNullSafe, EqualTo, GreaterThan,
+                                    GreaterThanOrEqual, In, InputPartition, IsNotNull, LessThan,
+                                    LessThanOrEqual)
+
+from ..cluster.read_plan import Bounds, ReadTask, plan
+from ..cluster.range_reader import read_range
+from ..cluster.sources import normalize_url, open_source
+from ..errors import InvalidConfigError
+from ..log.segment import ReadStats
+from .read_options import ReadOptions
+
+_NEVER_NULL = {"topic", "partition", "offset", "timestamp", "timestampType"}
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+
+class KafkaLogInputPartition(InputPartition):
+    """One :class:`ReadTask` (an offset range of one Kafka partition)."""
+
+    def __init__(self, task: ReadTask):
+        super().__init__(task)
+
+
+def _number(value):
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return None
+    return value
+
+
+def _epoch_us(value):
+    """A pushed timestamp literal (datetime; naive means UTC) -> microseconds since the epoch."""
+    if not isinstance(value, _dt.datetime):
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=_dt.timezone.utc)
+    return (value - _EPOCH) // _dt.timedelta(microseconds=1)
+
+
+def _lower_bound(f):
+    """``(lo, exact)`` integer lower bound of a comparison/equality filter, or None."""
+    v = _number(f.value) if not isinstance(f, In) else None
+    if isinstance(f, (GreaterThanOrEqual, EqualTo, EqualNullSafe)) and v is not None:
+        return math.ceil(v)
+    if isinstance(f, GreaterThan) and v is not None:
+        return math.floor(v) + 1
+    return None
+
+
+def _upper_bound(f):
+    """Exclusive integer upper bound of a comparison/equality filter, or None."""
+    v = _number(f.value) if not isinstance(f, In) else None
+    if isinstance(f, (LessThanOrEqual, EqualTo, EqualNullSafe)) and v is not None:
+        return math.floor(v) + 1
+    if isinstance(f, LessThan) and v is not None:
+        return math.ceil(v)
+    return None
+
+
+def push_filter(bounds: Bounds, f) -> bool:
+    """Apply one filter to ``bounds``; True if it is handled exactly (Spark may drop it)."""
+    attr = getattr(f, "attribute", None)
+    if not isinstance(attr, tuple) or len(attr) != 1:
+        return False
+    column = attr[0]
+    if isinstance(f, IsNotNull):
+        return column in _NEVER_NULL
+    if column == "topic":
+        if isinstance(f, (EqualTo, EqualNullSafe)) and isinstance(f.value, str):
+            bounds.only_topics([f.value])
+            return True
+        if isinstance(f, In) and all(isinstance(v, str) for v in f.value):
+            bounds.only_topics(f.value)
+            return True
+        return False
+    if column in ("partition", "offset"):
+        if isinstance(f, In):
+            values = [_number(v) for v in f.value]
+            if not values or any(v is None for v in values):
+                return False
+            if column == "partition":
+                bounds.only_partitions(int(v) for v in values if v == int(v))
+                return True
+            ints = [int(v) for v in values if v == int(v)]
+            if not ints:
+                bounds.offsets_below(0)
+            else:
+                bounds.offsets_from(min(ints))
+                bounds.offsets_below(max(ints) + 1)
+            return False   # only min..max is read: Spark keeps the filter
+        lo, hi = _lower_bound(f), _upper_bound(f)
+        if lo is None and hi is None:
+            return False
+        if column == "partition":
+            if lo is not None:
+                bounds.partitions_from(lo)
+            if hi is not None:
+                bounds.partitions_below(hi)
+        else:
+            if lo is not None:
+                bounds.offsets_from(lo)
+            if hi is not None:
+                bounds.offsets_below(hi)
+        return True
+    if column == "timestamp":
+        values = list(f.value) if isinstance(f, In) else [getattr(f, "value", None)]
+        us = [_epoch_us(v) for v in values]
+        if not us or any(u is None for u in us):
+            return False
+        if isinstance(f, (GreaterThanOrEqual, EqualTo, EqualNullSafe, In)):
+            bounds.timestamps_from(-(-min(us) // 1000))       # ms * 1000 >= us
+        elif isinstance(f, GreaterThan):
+            bounds.timestamps_from(us[0] // 1000 + 1)         # ms * 1000 > us
+        return False   # the time index only moves the start: Spark filters the rows
+    return False
+
+
+def _append_stats(path: str, record: dict) -> None:
+    """Test-only (option ``kafkalog.test.statsFile``): one JSON line per task, appended with a
+    single write so concurrent tasks do not interleave."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+class KafkaLogReader(DataSourceReader):
+    def __init__(self, options: ReadOptions, schema):
+        from .datasource import kafka_schema
+        expected = kafka_schema(options.include_headers)
+        if schema is not None and schema != expected:
+            raise InvalidConfigError(
+                "format('kafkalog') has a fixed schema (Spark's Kafka source schema) and cannot "
+                f"be read with a custom one: expected {expected.simpleString()}, got "
+                f"{schema.simpleString()}")
+        self.options = options
+        self.options.path = normalize_url(options.path)
+        self.bounds = Bounds()
+
+    def pushFilters(self, filters) -> List:
+        return [f for f in filters if not push_filter(self.bounds, f)]
+
+    def partitions(self) -> List[InputPartition]:
+        opts = self.options
+        stats = ReadStats()
+        source = open_source(opts.path, opts.storage_options, read_to_log_end=opts.read_to_log_end)
+        tasks = plan(source, opts, self.bounds, stats)
+        if opts.stats_file:
+            _append_stats(opts.stats_file, {"phase": "plan", "tasks": len(tasks),
+                                            "log_bytes": stats.log_bytes,
+                                            "index_bytes": stats.index_bytes,
+                                            "requests": stats.requests})
+        return [KafkaLogInputPartition(t) for t in tasks]
+
+    def read(self, partition: InputPartition) -> Iterator:
+        task = partition.value
+        if not isinstance(task, ReadTask):   # nothing planned: Spark's single empty partition
+            return iter(())
+        return self._read(task)
+
+    def _read(self, task: ReadTask) -> Iterator:
+        opts = self.options
+        stats = ReadStats()
+        rows = 0
+        try:
+            for batch in read_range(task, include_headers=opts.include_headers,
+                                    fail_on_data_loss=opts.fail_on_data_loss, stats=stats):
+                rows += batch.num_rows
+                yield batch
+        finally:
+            if opts.stats_file:
+                _append_stats(opts.stats_file, {
+                    "phase": "read", "topic": task.topic, "partition": task.partition,
+                    "start": task.start, "end": task.end, "rows": rows,
+                    "log_bytes": stats.log_bytes, "index_bytes": stats.index_bytes,
+                    "requests": stats.requests})
