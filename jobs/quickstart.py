@@ -1,47 +1,86 @@
-"""Quickstart: produce a few records into a local Kafka log dir, then dump them back.
+"""Quickstart: a Spark job on an embedded local cluster (./kafkalog-data, local[*]).
 
-    python jobs/quickstart.py [--log-dir ./kafkalog-data]
+    python jobs/quickstart.py [--cluster ./kafkalog-data] [--fresh]
 
-Everything it writes is a real Kafka log dir (``meta.properties``, checkpoints, ``quickstart-0/``
-with ``.log``/``.index``/``.timeindex``), readable by Kafka's own ``kafka-dump-log``.
+It creates a topic, writes records with Spark (one atomic job commit), reads them back with a
+timestamp filter (pushed down to the time index), runs DeleteRecords (KIP-107), reads again, and
+shows that the files on storage are a real Kafka log dir (``kafkalog dump``).
 """
 from __future__ import annotations
 
 import argparse
-import base64
-import io
-import json
+import os
+import shutil
 import sys
-import time
-
-from pyspark_kafkalog.cli.main import main as kafkalog
-
-
-def _produce(log_dir: str, lines: list) -> int:
-    stdin, sys.stdin = sys.stdin, io.StringIO("".join(json.dumps(x) + "\n" for x in lines))
-    try:
-        return kafkalog(["produce", "--log-dir", log_dir, "--topic", "quickstart",
-                         "--partition", "0", "--compression", "lz4"])
-    finally:
-        sys.stdin = stdin
+from datetime import datetime, timedelta, timezone
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log-dir", default="./kafkalog-data")
+    parser.add_argument("--cluster", default="./kafkalog-data", help="cluster root (path or URL)")
+    parser.add_argument("--fresh", action="store_true", help="delete the cluster dir first")
     args = parser.parse_args(argv)
-    now = int(time.time() * 1000)
-    records = [{"key": base64.b64encode(f"user-{i % 3}".encode()).decode(),
-                "value": base64.b64encode(f"clicked button {i}".encode()).decode(),
-                "headers": [{"key": "source", "value": base64.b64encode(b"quickstart").decode()}],
-                "timestamp": now + i} for i in range(5)]
-    print(f"== producing {len(records)} records to {args.log_dir}/quickstart-0 (offsets assigned):")
-    rc = _produce(args.log_dir, records)
-    if rc:
-        return rc
-    seg = f"{args.log_dir.rstrip('/')}/quickstart-0/00000000000000000000.log"
-    print(f"\n== kafkalog dump --deep-iteration --print-data-log --files {seg}")
-    return kafkalog(["dump", "--deep-iteration", "--print-data-log", "--files", seg])
+    if args.fresh and "://" not in args.cluster:
+        shutil.rmtree(args.cluster, ignore_errors=True)
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable          # workers run this interpreter
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession, functions as F
+
+    import pyspark_kafkalog
+    from pyspark_kafkalog.admin import Admin, TopicPartition
+    from pyspark_kafkalog.cli.main import main as kafkalog
+
+    spark = (SparkSession.builder.master("local[*]").appName("kafkalog-quickstart")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    pyspark_kafkalog.register(spark, filter_pushdown=True)   # see docs/user-guide.md
+    url = os.path.abspath(args.cluster) if "://" not in args.cluster else args.cluster
+    topic = "clicks"
+
+    admin = Admin(url)
+    if topic not in admin.list_topics():
+        admin.create_topic(topic, 3, configs={"segment.bytes": 64 * 1024})
+        print(f"== created topic {topic!r} with 3 partitions in {url}")
+
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    rows = [(f"user-{i % 7}", f"clicked button {i}", start + timedelta(minutes=i))
+            for i in range(600)]
+    df = (spark.createDataFrame(rows, "key string, value string, timestamp timestamp"))
+    df.write.format("kafkalog").option("topic", topic).mode("append").save(url)
+    hw = {p.partition: p.high_watermark for p in admin.describe_topic(topic).partitions}
+    print(f"== wrote {len(rows)} records in one job; high watermarks per partition: {hw}")
+
+    def read():   # with filter pushdown on, one new DataFrame per query
+        return spark.read.format("kafkalog").option("subscribe", topic).load(url)
+
+    cutoff = start + timedelta(hours=9)
+    late = read().where(F.col("timestamp") >= F.lit(cutoff))
+    print(f"== records with timestamp >= {cutoff:%Y-%m-%d %H:%M} (pushed down to the time index): "
+          f"{late.count()} of {read().count()}")
+    late.groupBy("partition").count().orderBy("partition").show()
+    late.select(F.col("key").cast("string"), F.col("value").cast("string"), "partition",
+                "offset", "timestamp").orderBy("timestamp").show(5, truncate=False)
+
+    busiest = max(hw, key=hw.get)
+    p0 = TopicPartition(topic, busiest)
+    cut = hw[busiest] // 2
+    result = admin.delete_records_before({p0: cut})[p0]
+    print(f"== DeleteRecords {topic}-{busiest} before offset {cut}: low watermark now "
+          f"{result.low_watermark} (error: {result.error})")
+    first = (spark.read.format("kafkalog").option("assign", f'{{"{topic}":[{busiest}]}}')
+             .load(url).agg(F.min("offset").alias("first"), F.count("*").alias("records"))
+             .first())
+    print(f"== {topic}-{busiest} now starts at offset {first['first']} with {first['records']} "
+          "records")
+
+    logdir = os.path.join(url, "logdir-0", f"{topic}-{busiest}") if "://" not in url else None
+    if logdir:
+        segs = sorted(f for f in os.listdir(logdir) if f.endswith(".log"))
+        print(f"== a real Kafka log dir: kafkalog dump --files {segs[-1]} (first lines)")
+        kafkalog(["dump", "--files", os.path.join(logdir, segs[-1])])
+    spark.stop()
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,13 +3,19 @@
 __version__ = "0.1.0"
 
 
-def register(spark) -> None:
+def register(spark, *, filter_pushdown: bool = False) -> None:
     """Register the ``kafkalog`` format with a SparkSession: the one line users add.
 
-    It also turns on ``spark.sql.python.filterPushdown.enabled``: the source pushes filters on
-    ``topic``, ``partition``, ``offset`` and ``timestamp`` down to the offset and time indexes,
-    and Spark refuses to plan a Python source that implements ``pushFilters`` without it.
+    ``filter_pushdown=True`` also turns on ``spark.sql.python.filterPushdown.enabled`` and
+    registers the reader that pushes filters on ``topic``, ``partition``, ``offset`` and
+    ``timestamp`` down to the offset and time indexes (it reads only the selected ranges). It is
+    opt-in because PySpark 4.3 reuses a pushed-down read plan for a later scan of the same
+    DataFrame object that pushes no filter, which returns too few rows; with it on, create a new
+    DataFrame for each query (docs/user-guide.md).
     """
-    from .spark.datasource import KafkaLogDataSource
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    spark.dataSource.register(KafkaLogDataSource)
+    from .spark.datasource import KafkaLogDataSource, KafkaLogPushdownDataSource
+    if filter_pushdown:
+        spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+        spark.dataSource.register(KafkaLogPushdownDataSource)
+    else:
+        spark.dataSource.register(KafkaLogDataSource)

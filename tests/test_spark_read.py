@@ -30,7 +30,7 @@ DAMAGED_INFO = {c: json.loads((GOLDEN / c / "expected-recovery.json").read_text(
 @pytest.fixture(scope="module")
 def kspark(spark):
     import pyspark_kafkalog
-    pyspark_kafkalog.register(spark)
+    pyspark_kafkalog.register(spark, filter_pushdown=True)
     return spark
 
 
@@ -534,3 +534,18 @@ def test_transaction_scan_reads_headers_and_markers_only(tmp_path):
     assert scan.aborted == [] and scan.open == {} and scan.last_stable_offset == 19
     scan = scan_transactions(log, 3, 4, 19)
     assert scan.aborted == [(1, 3, 7)]
+
+
+def test_default_registration_never_reuses_a_filtered_plan(kspark, cluster):
+    """Without pushdown (the default), a DataFrame queried with a filter and then without one
+    returns all rows the second time (PySpark 4.3 would reuse the pushed-down plan otherwise)."""
+    import pyspark_kafkalog
+    from pyspark.sql import functions as F
+    pyspark_kafkalog.register(kspark)
+    try:
+        df = load(kspark, str(cluster["root"]), subscribe="multi")
+        assert df.count() == 60
+        assert df.where(F.col("offset") >= 30).count() == 5
+        assert df.count() == 60
+    finally:
+        pyspark_kafkalog.register(kspark, filter_pushdown=True)

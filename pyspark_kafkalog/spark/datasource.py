@@ -36,3 +36,11 @@ class KafkaLogDataSource(DataSource):
     def writer(self, schema, overwrite: bool):
         from .writer import KafkaLogWriter
         return KafkaLogWriter(WriteOptions.parse(self.options), schema, overwrite)
+
+
+class KafkaLogPushdownDataSource(KafkaLogDataSource):
+    """``kafkalog`` with filter pushdown (see ``reader.KafkaLogPushdownReader`` for why opt-in)."""
+
+    def reader(self, schema):
+        from .reader import KafkaLogPushdownReader
+        return KafkaLogPushdownReader(ReadOptions.parse(self.options), schema)

@@ -160,9 +160,6 @@ class KafkaLogReader(DataSourceReader):
         self.options.path = normalize_url(options.path)
         self.bounds = Bounds()
 
-    def pushFilters(self, filters) -> List:
-        return [f for f in filters if not push_filter(self.bounds, f)]
-
     def partitions(self) -> List[InputPartition]:
         opts = self.options
         stats = ReadStats()
@@ -197,3 +194,17 @@ class KafkaLogReader(DataSourceReader):
                     "start": task.start, "end": task.end, "rows": rows,
                     "log_bytes": stats.log_bytes, "index_bytes": stats.index_bytes,
                     "requests": stats.requests})
+
+
+class KafkaLogPushdownReader(KafkaLogReader):
+    """The reader with ``pushFilters``; used only when ``register(spark, filter_pushdown=True)``.
+
+    Why opt-in: PySpark 4.3 keeps the read plan made during filter pushdown on the data source
+    object that every scan of one DataFrame shares, and reuses it for a later scan of the *same*
+    DataFrame that pushes no filter (``df.filter(...).count(); df.count()`` then returns the
+    filtered rows, silently). Newer Spark scopes that plan to its own scan. With pushdown on,
+    build a new DataFrame (``spark.read...load()``) for each query.
+    """
+
+    def pushFilters(self, filters) -> List:
+        return [f for f in filters if not push_filter(self.bounds, f)]
