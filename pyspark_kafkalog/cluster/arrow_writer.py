@@ -1,0 +1,432 @@
+"""Rows as Arrow batches to committed Kafka records: the sink's work below the Spark layer.
+
+A Spark write job is one *write unit* of the protocol (docs/protocol.md §3): every task encodes its
+rows per target partition and reserves + writes final segments (``TaskWriter``), returning the
+``PendingWrite``\\ s; the driver commits all of them in one metadata entry (``commit_job``) or
+aborts them (``abort_job``), so the job's records appear all at once or not at all.
+
+The driver side (deciding the job, lost and late task attempts) is ``spark_job``. A task that
+finds its job already decided after it reserved (a late attempt) aborts its own write.
+
+Partitioning is Kafka's Java producer's: a keyed row goes to ``toPositive(murmur2(key)) % n``; an
+unkeyed row follows the sticky partitioner (KIP-480): rows stick to one partition until a batch
+is full, then move on, starting at a random partition per task, so unkeyed data spreads evenly
+while each task touches few partitions. An explicit ``partition`` column wins.
+"""
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import (InvalidConfigError, InvalidRecordError, InvalidTxnStateError,
+                      RecordTooLargeError, UnknownTopicOrPartitionError, UnsupportedCodecError)
+from ..format import codecs
+from ..format.arrow_encode import (ENCODE_SCHEMA, HEADER_TYPE, chunk_bounds, encode_chunks,
+                                   estimated_sizes, partitions_for_keys)
+from ..format.encode import EncodedBatch
+from .cluster import Cluster
+from .producer import PendingWrite, Producer
+from .spark_job import abort_writes, job_decided
+
+TopicPartition = Tuple[str, int]
+
+# -- columns ------------------------------------------------------------------------------------
+
+#: columns of Spark's Kafka source schema that a sink ignores (so read -> write round trips work)
+IGNORED_COLUMNS = ("offset", "timestampType")
+COLUMNS = ("key", "value", "topic", "partition", "timestamp", "headers")
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    return (pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t))
+
+
+def _is_headers(t: pa.DataType) -> bool:
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return False
+    s = t.value_type
+    if not pa.types.is_struct(s) or s.num_fields != 2:
+        return False
+    names = [s.field(i).name for i in range(2)]
+    return names == ["key", "value"] and all(_is_bytes(s.field(i).type) for i in range(2))
+
+
+_TYPE_RULES = {
+    "key": (_is_bytes, "string or binary"),
+    "value": (_is_bytes, "string or binary"),
+    "topic": (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), "string"),
+    "partition": (pa.types.is_integer, "int"),
+    "timestamp": (pa.types.is_timestamp, "timestamp"),
+    "headers": (_is_headers, "array<struct<key: string, value: binary>>"),
+}
+
+
+def check_schema(schema: pa.Schema, topic_option: Optional[str]) -> None:
+    """The sink's column rules; raises InvalidConfigError naming the offending column."""
+    names = schema.names
+    unknown = [n for n in names if n not in COLUMNS and n not in IGNORED_COLUMNS]
+    if unknown:
+        hint = ""
+        near = [n for n in unknown if n.lower() in COLUMNS]
+        if near:
+            hint = f" (column names are case-sensitive: {near[0]!r} is not {near[0].lower()!r})"
+        raise InvalidConfigError(
+            f"unknown column(s) {unknown}{hint}: the kafkalog sink writes the columns "
+            f"{', '.join(COLUMNS)} ({', '.join(IGNORED_COLUMNS)} are ignored); select or "
+            "rename columns first, e.g. to_json(struct(...)) AS value")
+    if "value" not in names:
+        raise InvalidConfigError("the kafkalog sink needs a 'value' column (string or binary)")
+    for name in names:
+        if name in _TYPE_RULES:
+            ok, want = _TYPE_RULES[name]
+            if not ok(schema.field(name).type):
+                raise InvalidConfigError(f"column {name!r} must be {want}, not "
+                                         f"{schema.field(name).type}")
+    if topic_option is None and "topic" not in names:
+        raise InvalidConfigError("no topic: set the option topic or add a 'topic' column")
+
+
+# -- partitioning -------------------------------------------------------------------------------
+
+class Sticky:
+    """Kafka's sticky partitioner (KIP-480) for unkeyed rows: stay on a partition until a batch's
+    worth of rows (``batch_records`` rows or ``batch_size`` bytes) went there, then the next."""
+
+    def __init__(self, partitions: int, start: int, batch_records: int, batch_size: int):
+        self.n, self.current = partitions, start % partitions
+        self.batch_records, self.batch_size = batch_records, batch_size
+        self.rows = self.bytes = 0
+
+    def __call__(self, sizes: np.ndarray) -> np.ndarray:
+        out = np.empty(len(sizes), dtype=np.int64)
+        cum = np.concatenate([[0], np.cumsum(sizes)])
+        i = 0
+        while i < len(sizes):
+            room_rows = self.batch_records - self.rows
+            room_bytes = self.batch_size - self.bytes
+            fit = int(np.searchsorted(cum, cum[i] + room_bytes, side="right")) - 1 - i
+            k = max(1, min(room_rows, fit, len(sizes) - i))
+            out[i:i + k] = self.current
+            self.rows += k
+            self.bytes += int(cum[i + k] - cum[i])
+            i += k
+            if i < len(sizes) or self.rows >= self.batch_records or self.bytes >= self.batch_size:
+                self.current = (self.current + 1) % self.n
+                self.rows = self.bytes = 0
+        return out
+
+
+def choose_partitions(topic: str, partitions: int, keys: pa.Array,
+                      explicit: Optional[Tuple[np.ndarray, np.ndarray]], sizes: np.ndarray,
+                      sticky: Sticky) -> np.ndarray:
+    """The partition of every row: the explicit one (``(values, given mask)``, range-checked),
+    else Kafka's murmur2 of the key, else the sticky partitioner."""
+    n = len(keys)
+    part = np.full(n, -1, dtype=np.int64)
+    todo = np.ones(n, dtype=bool)
+    if explicit is not None:
+        values, given = explicit
+        bad = given & ((values < 0) | (values >= partitions))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise UnknownTopicOrPartitionError(
+                f"a row has partition {int(values[row])} but topic {topic!r} has {partitions} "
+                f"partition{'s' * (partitions != 1)} (0..{partitions - 1})")
+        part[given] = values[given]
+        todo &= ~given
+    keyed = todo & ~keys.is_null().to_numpy(zero_copy_only=False)
+    if keyed.any():
+        part[keyed] = partitions_for_keys(keys, partitions)[keyed]
+        todo &= ~keyed
+    if todo.any():
+        part[todo] = sticky(sizes[todo])
+    return part
+
+
+def explicit_partitions(col: Optional[pa.Array]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """(values, given mask) of a partition column, or None when absent or all null."""
+    if col is None or col.null_count == len(col):
+        return None
+    values = pc.fill_null(col.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
+    return values.astype(np.int64), ~col.is_null().to_numpy(zero_copy_only=False)
+
+
+# -- one task -----------------------------------------------------------------------------------
+
+class TopicTarget(NamedTuple):
+    name: str
+    partitions: int
+    magic: int
+    codec: int
+    level: Optional[int]
+    max_message_bytes: int
+
+
+@dataclass
+class _Buffer:
+    pieces: List[pa.RecordBatch] = field(default_factory=list)
+    sizes: List[np.ndarray] = field(default_factory=list)
+    rows: int = 0
+    nbytes: int = 0
+
+
+@dataclass
+class TaskStats:
+    records: int = 0
+    batches: int = 0
+    bytes: int = 0
+    segments: int = 0
+    flushes: int = 0
+    partitions: int = 0
+
+
+class TaskWriter:
+    """Encodes the Arrow batches of one task per target partition and writes them.
+
+    ``options``: any object with the attributes of ``spark.write_options.WriteOptions``
+    (topic, compression, compression_levels, magic, batch_size, batch_records, buffer_memory).
+    Call :meth:`add` per batch, then :meth:`finish` (the pending writes), or :meth:`abort`.
+    """
+
+    def __init__(self, cluster: Cluster, options, *, producer: str,
+                 clock=time.time, seed: Optional[int] = None):
+        self.cluster = cluster
+        self.opts = options
+        cluster.metalog.writer_id = producer
+        self.job = producer
+        self.producer = Producer(cluster, transaction_timeout_ms=options.transaction_timeout_ms)
+        self.clock = clock
+        self.rng = random.Random(seed if seed is not None else uuid.uuid4().int)
+        self.state = cluster.state()
+        self.targets: Dict[str, TopicTarget] = {}
+        self.sticky: Dict[str, Sticky] = {}
+        self.buffers: Dict[TopicPartition, _Buffer] = {}
+        self.encoded: Dict[TopicPartition, List[EncodedBatch]] = {}
+        self.encoded_bytes = 0
+        self.pending: List[PendingWrite] = []
+        self.stats = TaskStats()
+        self.touched: set = set()
+
+    # -- targets ----------------------------------------------------------------------------
+
+    def target(self, topic: str) -> TopicTarget:
+        t = self.targets.get(topic)
+        if t is not None:
+            return t
+        info = self.state.topics.get(topic)
+        if info is None:
+            self.state = self.cluster.state()
+            info = self.state.topics.get(topic)
+        if info is None:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} does not exist in {self.cluster.url}; create it first (or "
+                "name it in the topic option with createTopic=true)")
+        config = self.state.topic_config(topic)
+        magic = config.magic if self.opts.magic is None else self.opts.magic
+        codec = self.opts.compression
+        if codec is None:
+            codec = (codecs.NONE if config.compression_type == "producer"
+                     else codecs.codec_id(config.compression_type))
+        try:
+            codecs.check_codec(codec, magic)
+        except UnsupportedCodecError as exc:
+            raise UnsupportedCodecError(f"topic {topic!r}: {exc}") from None
+        t = TopicTarget(topic, info["partitions"], magic, codec,
+                        self.opts.compression_levels.get(codec), config.max_message_bytes)
+        self.targets[topic] = t
+        return t
+
+    # -- rows -------------------------------------------------------------------------------
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        n = batch.num_rows
+        if n == 0:
+            return
+        cols = dict(zip(batch.schema.names, batch.columns))
+        check_schema(batch.schema, self.opts.topic)
+        now = int(self.clock() * 1000)
+        value = _binary(cols["value"])
+        key = _binary(cols["key"]) if "key" in cols else pa.nulls(n, pa.binary())
+        headers = cols.get("headers")
+        if headers is not None:
+            headers = headers.cast(HEADER_TYPE)
+        ts = _timestamps_ms(cols.get("timestamp"), n, now)
+        data = pa.RecordBatch.from_arrays(
+            [key, value, pa.array(ts, pa.int64()),
+             headers if headers is not None else pa.nulls(n, HEADER_TYPE)], schema=ENCODE_SCHEMA)
+        sizes = estimated_sizes(key, value, headers)
+        explicit = explicit_partitions(cols.get("partition"))
+        if self.opts.topic is not None:
+            self._add_topic(self.opts.topic, data, sizes, explicit, None)
+            return
+        topics = cols["topic"]
+        if topics.null_count:
+            raise InvalidRecordError("a row has a null topic; set the topic option or fill the "
+                                     "topic column")
+        for t in pc.unique(topics).to_pylist():
+            mask = pc.equal(topics, t)
+            idx = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+            self._add_topic(t, data, sizes, explicit, idx)
+
+    def _add_topic(self, topic: str, data: pa.RecordBatch, sizes: np.ndarray,
+                   explicit: Optional[Tuple[np.ndarray, np.ndarray]],
+                   idx: Optional[np.ndarray]) -> None:
+        target = self.target(topic)
+        if idx is not None:
+            data = data.take(pa.array(idx))
+            sizes = sizes[idx]
+            explicit = None if explicit is None else (explicit[0][idx], explicit[1][idx])
+        n = data.num_rows
+        if target.magic < 2:
+            hc = pc.fill_null(pc.list_value_length(data.column("headers")), 0)
+            if pc.max(hc).as_py():
+                raise InvalidRecordError(
+                    f"topic {topic!r} is written with message format v{target.magic}, which "
+                    "has no record headers (drop the headers column or use format 2)")
+        sticky = self.sticky.get(topic)
+        if sticky is None:
+            sticky = self.sticky[topic] = Sticky(target.partitions, self.rng.randrange(
+                target.partitions), self.opts.batch_records, self.opts.batch_size)
+        part = choose_partitions(topic, target.partitions, data.column("key"), explicit, sizes,
+                                 sticky)
+        if n and (part == part[0]).all():      # one partition (e.g. after the shuffle helper)
+            sorted_part, ordered, osizes, cuts = part, data, sizes, np.zeros(0, np.int64)
+        else:
+            order = np.argsort(part, kind="stable")
+            sorted_part = part[order]
+            cuts = np.flatnonzero(np.diff(sorted_part)) + 1
+            ordered = data.take(pa.array(order))
+            osizes = sizes[order]
+        starts = np.concatenate([[0], cuts])
+        ends = np.concatenate([cuts, [n]])
+        for a, b in zip(starts, ends):
+            tp = (topic, int(sorted_part[a]))
+            self._buffer(tp, target, ordered.slice(int(a), int(b - a)), osizes[a:b])
+
+    # -- batches ----------------------------------------------------------------------------
+
+    def _buffer(self, tp: TopicPartition, target: TopicTarget, rows: pa.RecordBatch,
+                sizes: np.ndarray) -> None:
+        buf = self.buffers.setdefault(tp, _Buffer())
+        buf.pieces.append(rows)
+        buf.sizes.append(sizes)
+        buf.rows += rows.num_rows
+        buf.nbytes += int(sizes.sum())
+        self.stats.records += rows.num_rows
+        if buf.rows >= self.opts.batch_records or buf.nbytes >= self.opts.batch_size:
+            self._encode(tp, target, keep_tail=True)
+            if self.encoded_bytes >= self.opts.buffer_memory:
+                self.flush()
+
+    def _encode(self, tp: TopicPartition, target: TopicTarget, keep_tail: bool) -> None:
+        buf = self.buffers.get(tp)
+        if buf is None or not buf.rows:
+            return
+        rows = (pa.Table.from_batches(buf.pieces).combine_chunks().to_batches()[0]
+                if len(buf.pieces) > 1 else buf.pieces[0])
+        sizes = np.concatenate(buf.sizes) if len(buf.sizes) > 1 else buf.sizes[0]
+        bounds = chunk_bounds(sizes, self.opts.batch_size, self.opts.batch_records)
+        last = bounds[-1] - bounds[-2]
+        if keep_tail and len(bounds) > 1 and last < self.opts.batch_records and int(
+                sizes[bounds[-2]:].sum()) < self.opts.batch_size:
+            tail = bounds.pop()   # the last chunk is not full: keep buffering it
+            cut = bounds[-1]
+            self.buffers[tp] = _Buffer([rows.slice(cut)], [sizes[cut:]], tail - cut,
+                                       int(sizes[cut:].sum()))
+        else:
+            del self.buffers[tp]
+        if len(bounds) < 2:
+            return
+        batches = self._encode_range(target, rows.slice(0, bounds[-1]), bounds)
+        self.encoded.setdefault(tp, []).extend(batches)
+        self.encoded_bytes += sum(len(b.data) for b in batches)
+        self.stats.batches += len(batches)
+
+    def _encode_range(self, target: TopicTarget, rows: pa.RecordBatch,
+                      bounds: List[int]) -> List[EncodedBatch]:
+        cols = [rows.column(i) for i in range(4)]
+        ts = cols[2].to_numpy(zero_copy_only=False)
+        headers = cols[3] if cols[3].null_count < len(cols[3]) else None
+        out = encode_chunks(cols[0], cols[1], ts, headers, bounds, magic=target.magic,
+                            compression=target.codec, level=target.level)
+        result = []
+        for (a, b), batch in zip(zip(bounds[:-1], bounds[1:]), out):
+            if len(batch.data) <= target.max_message_bytes:
+                result.append(batch)
+            elif b - a == 1:
+                raise RecordTooLargeError(
+                    f"a record of topic {target.name!r} encodes to {len(batch.data)} bytes, "
+                    f"more than its max.message.bytes ({target.max_message_bytes})")
+            else:   # split the batch in two, as a producer would with a smaller batch.size
+                mid = (a + b) // 2
+                result += self._encode_range(target, rows.slice(a, b - a), [0, mid - a, b - a])
+        return result
+
+    def flush(self) -> None:
+        """Reserve and write everything encoded so far (one reservation, one PendingWrite)."""
+        batches = {tp: bs for tp, bs in self.encoded.items() if bs}
+        if not batches:
+            return
+        pending = self.producer.write(batches)
+        self.pending.append(pending)
+        if job_decided(self.cluster, self.job):
+            self.abort()
+            raise InvalidTxnStateError(
+                f"the Spark job {self.job} was already committed or aborted when this task "
+                "attempt reserved its offsets (a killed, failed or speculative attempt): its "
+                "write was aborted and its files deleted")
+        self.encoded = {}
+        self.encoded_bytes = 0
+        self.stats.flushes += 1
+        self.stats.segments += sum(len(s) for s in pending.segments.values())
+        self.stats.bytes += sum(len(b.data) for bs in batches.values() for b in bs)
+        self.touched.update(batches)
+        self.stats.partitions = len(self.touched)
+
+    def finish(self) -> List[PendingWrite]:
+        for tp in list(self.buffers):
+            self._encode(tp, self.targets[tp[0]], keep_tail=False)
+        self.flush()
+        return self.pending
+
+    def abort(self) -> None:
+        """Abort what this task reserved (best effort: expiry and cleanup are the backstop)."""
+        if self.pending:
+            try:
+                abort_writes(self.cluster, self.pending, self.job, "spark task attempt failed")
+            except Exception:
+                pass
+        self.pending = []
+
+
+def _binary(arr: pa.Array) -> pa.Array:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    return arr if pa.types.is_binary(arr.type) else arr.cast(pa.binary())
+
+
+_UNIT_DIV = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}
+
+
+def _timestamps_ms(col: Optional[pa.Array], n: int, now_ms: int) -> np.ndarray:
+    """CreateTime in ms per row: the column's value, or the write time where it is null."""
+    if col is None:
+        return np.full(n, now_ms, dtype=np.int64)
+    raw = pc.fill_null(col.cast(pa.int64()), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    unit = col.type.unit
+    ms = raw * 1000 if unit == "s" else raw // _UNIT_DIV[unit]
+    if col.null_count:
+        ms = np.where(col.is_null().to_numpy(zero_copy_only=False), now_ms, ms)
+    if (ms < 0).any():
+        bad = int(ms[ms < 0][0])
+        raise InvalidRecordError(f"a row has timestamp {bad} ms (before 1970): Kafka record "
+                                 "timestamps must be >= 0")
+    return ms

@@ -1,0 +1,226 @@
+"""A Spark write job as one write unit of the protocol: open the target, commit or abort the job.
+
+Tasks reserve and write (``arrow_writer.TaskWriter``); the driver decides the whole job in one
+metadata entry here: ``commit_job`` commits every task's ``PendingWrite`` at once, ``abort_job``
+aborts them and deletes their files (docs/protocol.md §3).
+
+Lost attempts. Spark may run a task more than once (a failed attempt is retried, a slow one is
+speculated), and an attempt whose commit message never reaches the driver may still have
+reserved offsets. Every reservation of a job is made under one producer id
+(``job_producer_id``), so the decision entry also aborts the job's open reservations that it does
+not commit, and their files are deleted.
+
+Late attempts. Spark decides a job while attempts may still run (it aborts as soon as one task
+fails and kills the others asynchronously), so an attempt can reserve *after* the decision; left
+alone, that reservation would hold back its partitions' high watermark until it expires
+(``transaction.timeout.ms``). The driver therefore (1) creates the job's *decision marker*
+``_kafkalog/jobs/<job>.json`` (create-if-absent), (2) appends the decision entry (its actions
+carry the job id in ``JOB_FIELD``, which replay ignores), (3) replays and aborts any job
+reservation it had not seen. A task, after reserving and writing, aborts its own write if the
+marker exists. A reservation whose task checked before (1) was appended before (3) replayed, so
+(3) aborts it; a task that checked after (1) aborts itself. Only an attempt that dies between
+its reservation and its check is left to expiry. Markers are advisory (nothing else reads them);
+the driver deletes those older than a day.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from typing import Dict, Iterable, List, Optional
+
+from ..errors import (FencedLeaderEpochError, InvalidConfigError, KafkaLogError,
+                      TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_for)
+from .checkpoints import sync_checkpoints
+from .cluster import CLUSTER_FILE, Cluster
+from .producer import PendingWrite, Producer
+from .state import split_key
+
+PRODUCER_PREFIX = "spark-job:"
+#: tag on the driver's commit/abort actions: the job (producer id) they decide
+JOB_FIELD = "spark_job"
+JOBS_DIR = "_kafkalog/jobs"
+MARKER_MAX_AGE_S = 24 * 3600
+SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
+
+
+# -- opening the target -------------------------------------------------------------------------
+
+def looks_like_kafka_logdir(storage) -> bool:
+    names = {i.name for i in storage.list("")}
+    if names & {"meta.properties", "replication-offset-checkpoint",
+                "recovery-point-offset-checkpoint", "log-start-offset-checkpoint",
+                "partition.metadata", "leader-epoch-checkpoint"}:
+        return True
+    if any(SEGMENT_FILE.match(n) for n in names):
+        return True      # a partition directory
+    return any(re.match(r"^.+-\d+$", d) for d in storage.list_dirs(""))
+
+
+def open_cluster_for_write(path: str, *, create: bool = False, **kwargs) -> Cluster:
+    """The cluster at ``path``; a plain Kafka log dir (or nothing) is a clear error.
+
+    With ``create`` an absent or empty root becomes a new cluster (``createTopic=true``).
+    """
+    from ..storage import open_storage
+    if "://" not in path and not create and not os.path.isdir(path):
+        raise InvalidConfigError(f"{path} does not exist; it must be a kafkalog cluster root "
+                                 "(set createTopic=true to create one)")
+    storage_opts = {k: v for k, v in kwargs.items()
+                    if k not in ("transaction_timeout_ms", "principal", "snapshot_interval")}
+    storage = open_storage(path, **storage_opts)
+    if not storage.exists(CLUSTER_FILE):
+        if looks_like_kafka_logdir(storage):
+            raise InvalidConfigError(
+                f"{path} is a plain Kafka log (or partition) dir, not a kafkalog cluster: it can "
+                "be read with spark.read.format('kafkalog') but not written (writes go through "
+                "a cluster's metadata log; create one with `kafkalog --cluster URL topics "
+                "--create`)")
+        if not create:
+            raise InvalidConfigError(f"{path} is not a kafkalog cluster root (no {CLUSTER_FILE}); "
+                                     "set createTopic=true to create one")
+    return Cluster(path, create=create, **kwargs)
+
+
+def ensure_topic(cluster: Cluster, topic: str, *, create: bool, partitions: int = 1,
+                 replication_factor: int = 1, configs: Optional[Dict[str, str]] = None) -> dict:
+    """The topic's description, creating it first when asked and absent."""
+    state = cluster.state()
+    if topic not in state.topics:
+        if not create:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} does not exist in {cluster.url}; create it first or set "
+                "createTopic=true (with topic.partitions, topic.config.*)")
+        try:
+            cluster.create_topic(topic, partitions, replication_factor, configs or {})
+        except TopicAlreadyExistsError:
+            pass   # someone else created it meanwhile: write to theirs
+    return cluster.describe_topic(topic)
+
+
+def job_producer_id(job_id: str) -> str:
+    return f"{PRODUCER_PREFIX}{job_id}"
+
+
+# -- deciding the job ---------------------------------------------------------------------
+
+def _job_txns(state, producer: str, exclude: Iterable[str]) -> Dict[str, dict]:
+    skip = set(exclude)
+    return {t: info for t, info in state.txns.items()
+            if info.get("producer") == producer and t not in skip}
+
+
+def _delete_ranges(cluster: Cluster, state, txns: Dict[str, dict]) -> None:
+    """Best effort: delete the segment files inside the offset ranges of aborted txns."""
+    for info in txns.values():
+        for key, (start, end, _epoch) in info["ranges"].items():
+            topic, p = split_key(key)
+            try:
+                d = cluster.partition_dir(topic, p, state=state)
+                for f in cluster.storage.list(d):
+                    m = SEGMENT_FILE.match(f.name)
+                    if m and start <= int(m.group(1)) < end:
+                        cluster.storage.delete(f"{d}/{f.name}")
+            except KafkaLogError:
+                continue
+
+
+def marker_path(producer: str) -> str:
+    return f"{JOBS_DIR}/{producer.replace(':', '-')}.json"
+
+
+def job_decided(cluster: Cluster, producer: str) -> bool:
+    """Whether the driver has committed or aborted the job (its marker exists)."""
+    return cluster.storage.exists(marker_path(producer))
+
+
+def _mark_decided(cluster: Cluster, producer: str, outcome: str) -> None:
+    """Create the job's decision marker (before the decision entry), and drop old markers."""
+    data = json.dumps({"job": producer, "decision": outcome, "timestamp": cluster.now_ms()})
+    try:
+        cluster.storage.create_if_absent(marker_path(producer), data.encode())
+    except KafkaLogError:
+        pass   # exists already (a retried commit/abort)
+    try:
+        now = time.time()
+        for f in cluster.storage.list(JOBS_DIR):
+            path = f"{JOBS_DIR}/{f.name}"
+            if f.name.endswith(".json") and now - cluster.storage.mtime(path) > MARKER_MAX_AGE_S:
+                cluster.storage.delete(path)
+    except KafkaLogError:
+        pass
+
+
+def abort_writes(cluster: Cluster, pending: List[PendingWrite], producer: str,
+                 reason: str, stale: Optional[Dict[str, dict]] = None) -> List[str]:
+    """One abort entry for ``pending`` (and ``stale`` job txns); then delete the files of what
+    is aborted now. Files of a txn that turns out committed are never touched."""
+    txns = list(dict.fromkeys([p.txn for p in pending] + sorted(stale or {})))
+    if not txns:
+        return []
+    _, state, results = cluster.submit([{"op": "abort", "txns": txns, JOB_FIELD: producer,
+                                         "reason": reason}])
+    res = results[0]
+    gone = set(res.get("aborted", [])) | {t for t, o in (res.get("skipped") or {}).items()
+                                           if o == "aborted"}
+    Producer(cluster)._delete_files([p for p in pending if p.txn in gone])
+    _delete_ranges(cluster, state, {t: i for t, i in (stale or {}).items() if t in gone})
+    return sorted(gone)
+
+
+def _sweep_late(cluster: Cluster, producer: str, decided: Iterable[str]) -> None:
+    """After the decision entry: abort the job's reservations appended before it but not seen
+    when it was written (tasks check for the decision themselves after that)."""
+    late = _job_txns(cluster.state(), producer, decided)
+    if late:
+        abort_writes(cluster, [], producer, "spark task attempt reserved while its job was "
+                     "decided", late)
+
+
+def commit_job(cluster: Cluster, pending: List[PendingWrite], producer: str) -> None:
+    """Commit every task's writes in ONE entry, aborting the job's other reservations in it."""
+    cluster.metalog.writer_id = producer
+    _mark_decided(cluster, producer, "commit")
+    txns = list(dict.fromkeys(p.txn for p in pending))
+    state = cluster.state()
+    stale = _job_txns(state, producer, txns)
+    actions = [{"op": "commit", "txns": txns, JOB_FIELD: producer}] if txns else []
+    if stale:
+        actions.append({"op": "abort", "txns": sorted(stale), JOB_FIELD: producer,
+                        "reason": "spark task attempt not committed by its job"})
+    if not actions:     # an empty job: nothing to decide but late attempts
+        _sweep_late(cluster, producer, ())
+        return
+    _, new_state, results = cluster.submit(actions)
+    if txns and results[0].get("error", "NONE") != "NONE":
+        abort_writes(cluster, pending, producer, "spark job commit rejected")
+        _sweep_late(cluster, producer, txns + sorted(stale))
+        err = error_for(results[0]["error"], results[0].get("message", ""))
+        if isinstance(err, FencedLeaderEpochError):
+            raise FencedLeaderEpochError(
+                f"the job could not be committed, nothing of it is visible: {err}. A task's "
+                "reserved offsets must be committed within transaction.timeout.ms "
+                f"({cluster.transaction_timeout_ms} ms) of its reservation; raise that option "
+                "for long jobs") from None
+        raise err
+    # committed: from here on nothing may fail the job (Spark would call abort())
+    try:
+        _delete_ranges(cluster, new_state, stale)
+        _sweep_late(cluster, producer, txns + sorted(stale))
+        tps = sorted({split_key(k) for p in pending for k in p.ranges})
+        sync_checkpoints(cluster, new_state, tps)
+    except Exception:   # derived files and garbage: maintenance redoes both
+        pass
+
+
+def abort_job(cluster: Cluster, pending: List[PendingWrite], producer: str) -> None:
+    """Abort every write of the job (those reported and those of lost attempts); delete files."""
+    cluster.metalog.writer_id = producer
+    _mark_decided(cluster, producer, "abort")
+    txns = list(dict.fromkeys(p.txn for p in pending))
+    stale = _job_txns(cluster.state(), producer, txns)
+    abort_writes(cluster, pending, producer, "spark job aborted", stale)
+    _sweep_late(cluster, producer, txns + sorted(stale))
+
+

@@ -1,0 +1,284 @@
+"""Options of ``df.write.format("kafkalog")``.
+
+Spark's Kafka sink takes ``topic`` and ``kafka.*`` producer settings. There is no producer here:
+the sink encodes record batches itself and commits them through the cluster protocol
+(docs/protocol.md), so the settings a Kafka producer or broker would apply are options of their
+own, under Kafka's names where the meaning is the same. Keys are case-insensitive.
+
+===============================  =========================  ========================================
+option                           default                    meaning
+===============================  =========================  ========================================
+``path`` (or ``save(path)``)     required                   the kafkalog cluster root (URL or path).
+                                                            A plain Kafka log dir cannot be written.
+``topic``                        the ``topic`` column       topic of every row; overrides the column
+                                                            (Spark's sink: same)
+``compression.type``             the topic's                none, gzip, snappy, lz4, zstd (Kafka's
+                                 ``compression.type``;      producer setting; zstd needs format 2)
+                                 ``producer`` means none
+``compression.<codec>.level``    the codec's default        KIP-390 level, <codec> = gzip, lz4, zstd
+``message.format.version``       the topic's                0, 1, 2 (the magic) or a Kafka version
+                                                            such as ``0.10.2`` / ``3.0``
+``batch.size``                   524288                     max bytes of records (before
+                                                            compression) per record batch
+``batch.records``                10000                      max records per record batch
+``buffer.memory``                134217728                  encoded bytes a task holds before it
+                                                            reserves and writes them; each flush
+                                                            adds one segment per partition
+``createTopic``                  false                      create the ``topic`` option's topic if
+                                                            it does not exist (the cluster root too)
+``topic.partitions``             1                          partitions of a created topic
+``topic.replication.factor``     1                          log dirs holding each partition
+``topic.config.<name>``          —                          Kafka topic config of a created topic,
+                                                            e.g. ``topic.config.retention.ms``
+``transaction.timeout.ms``       900000 (15 min)            how long a task's reserved offsets may
+                                                            stay uncommitted: from the first task's
+                                                            reservation to the job's commit (below)
+``kafkalog.principal``           ``$KAFKALOG_PRINCIPAL``    who writes, for ACLs
+``kafkalog.snapshot.interval``   50                         metadata snapshot interval
+``storage.<name>``               —                          storage backend options (S3 endpoint,
+                                                            credentials), as in cluster.properties
+``kafka.bootstrap.servers``      error                      there are no brokers: use ``path``
+``kafka.compression.type``,      error                      producer settings that change what is
+``kafka.batch.size``, …                                     written: the error names our option
+                                                            (also ``buffer.memory``,
+                                                            ``max.request.size``,
+                                                            ``transaction.timeout.ms``,
+                                                            ``transactional.id``,
+                                                            ``partitioner.*``);
+                                                            ``key/value.serializer`` and
+                                                            ``interceptor.classes`` as in Spark
+other ``kafka.*`` producer       no-op                      delivery tuning of a broker connection
+configs                                                     that does not exist (``acks``,
+                                                            ``linger.ms``, ``retries``,
+                                                            ``enable.idempotence``, ``ssl.*``,
+                                                            ``sasl.*``, …); a name that is not a
+                                                            producer config is an error
+===============================  =========================  ========================================
+
+Read-only options (``subscribe``, ``startingOffsets``, …) and unknown options are errors, so that
+a typo never falls back to a default silently.
+
+``transaction.timeout.ms``: every task reserves its offsets when it has encoded its rows, and the
+driver commits all of them in one entry at the end of the job. A reservation past its deadline
+can no longer be committed (the protocol's commit rule), so the deadline must cover the time from
+the first task finishing to the job's commit. The price of a long timeout: if the driver dies,
+the job's reservations hold back the high watermark of the partitions it wrote (readers see
+nothing newer there) until they expire. Kafka's own default (60 s) suits a producer that commits
+right away, not a Spark job.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Optional
+
+from ..errors import InvalidConfigError
+from ..format import codecs
+from ..format.checkpoint import validate_topic_name
+from ..log.config import LogConfig, magic_for_format_version
+
+DEFAULT_BATCH_SIZE = 512 * 1024
+DEFAULT_BATCH_RECORDS = 10_000
+DEFAULT_BUFFER_MEMORY = 128 * 1024 * 1024
+DEFAULT_TXN_TIMEOUT_MS = 15 * 60 * 1000
+
+TOPIC_CONFIG_PREFIX = "topic.config."
+STORAGE_PREFIX = "storage."
+
+_NAMES = ("path", "topic", "compression.type", "compression.gzip.level",
+          "compression.lz4.level", "compression.zstd.level", "message.format.version",
+          "batch.size", "batch.records", "buffer.memory", "createTopic", "topic.partitions",
+          "topic.replication.factor", "transaction.timeout.ms", "kafkalog.principal",
+          "kafkalog.snapshot.interval")
+_KNOWN = {name.lower() for name in _NAMES}
+_DISPLAY = {name.lower(): name for name in _NAMES}
+_LEVELS = {codecs.GZIP: "compression.gzip.level", codecs.LZ4: "compression.lz4.level",
+           codecs.ZSTD: "compression.zstd.level"}
+
+# Spark Kafka source options that mean nothing to a write
+_READ_ONLY = ("assign", "subscribe", "subscribepattern", "startingoffsets", "endingoffsets",
+              "startingoffsetsbytimestamp", "startingtimestamp", "endingoffsetsbytimestamp",
+              "endingtimestamp", "startingoffsetsbytimestampstrategy", "failondataloss",
+              "minpartitions", "maxrecordsperpartition", "includeheaders", "maxoffsetspertrigger",
+              "minoffsetspertrigger", "maxtriggerdelay", "groupidprefix", "fetchoffset.numretries",
+              "fetchoffset.retryintervalms", "kafkaconsumer.polltimeoutms", "readtolatest",
+              "logdir.readtologend")
+
+# kafka.* producer settings that would change what is written: an error naming ours
+_KAFKA_REJECTED = {
+    "bootstrap.servers": "there are no brokers: the path names the cluster root "
+                         "(save(path) or option('path', ...))",
+    "compression.type": "use the option compression.type",
+    "compression.gzip.level": "use the option compression.gzip.level",
+    "compression.lz4.level": "use the option compression.lz4.level",
+    "compression.zstd.level": "use the option compression.zstd.level",
+    "batch.size": "use the options batch.size (bytes) and batch.records",
+    "max.request.size": "use the option batch.size; batches are bounded by the topic's "
+                        "max.message.bytes",
+    "buffer.memory": "use the option buffer.memory",
+    "transaction.timeout.ms": "use the option transaction.timeout.ms",
+    "transactional.id": "every job is committed atomically already; there is no transaction id",
+    "partitioner.class": "keyed rows use Kafka's default partitioner; set a partition column "
+                         "to place rows yourself",
+    "partitioner.ignore.keys": "set a partition column to place rows yourself",
+    "key.serializer": "not supported (as in Spark's Kafka sink): key is a string or binary "
+                      "column",
+    "value.serializer": "not supported (as in Spark's Kafka sink): value is a string or binary "
+                        "column",
+    "interceptor.classes": "not supported (as in Spark's Kafka sink)",
+}
+# Kafka producer configs (ProducerConfig, CommonClientConfigs) that tune delivery to a broker:
+# accepted under kafka.* and ignored (a job's commit is durable and exactly-once by itself)
+_KAFKA_NO_OPS = frozenset("""
+acks auto.include.jmx.reporter client.dns.lookup client.id connections.max.idle.ms
+delivery.timeout.ms enable.idempotence enable.metrics.push linger.ms max.block.ms
+max.in.flight.requests.per.connection metadata.max.age.ms metadata.max.idle.ms
+metadata.recovery.strategy metric.reporters metrics.num.samples metrics.recording.level
+metrics.sample.window.ms partitioner.adaptive.partitioning.enable
+partitioner.availability.timeout.ms receive.buffer.bytes reconnect.backoff.max.ms
+reconnect.backoff.ms request.timeout.ms retries retry.backoff.max.ms retry.backoff.ms
+security.protocol security.providers send.buffer.bytes socket.connection.setup.timeout.max.ms
+socket.connection.setup.timeout.ms
+""".split())
+_KAFKA_NO_OP_PREFIXES = ("ssl.", "sasl.")
+
+
+def _int(opts: Mapping[str, str], key: str, default: int, minimum: int = 1) -> int:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise InvalidConfigError(f"option {key} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise InvalidConfigError(f"option {key} must be >= {minimum}, got {raw!r}")
+    return value
+
+
+def _bool(opts: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = opts.get(key)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise InvalidConfigError(f"option {key} must be true or false, got {raw!r}")
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    path: str
+    topic: Optional[str] = None
+    compression: Optional[int] = None          # codec id; None: the topic's compression.type
+    compression_levels: Dict[int, int] = field(default_factory=dict)   # codec id -> level
+    magic: Optional[int] = None                # None: the topic's message.format.version
+    batch_size: int = DEFAULT_BATCH_SIZE
+    batch_records: int = DEFAULT_BATCH_RECORDS
+    buffer_memory: int = DEFAULT_BUFFER_MEMORY
+    create_topic: bool = False
+    topic_partitions: int = 1
+    topic_replication_factor: int = 1
+    topic_configs: Dict[str, str] = field(default_factory=dict)
+    transaction_timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS
+    principal: Optional[str] = None
+    snapshot_interval: Optional[int] = None
+    storage_options: Dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], validate: bool = True) -> "WriteOptions":
+        """Options as Spark hands them (a case-insensitive mapping, or any dict)."""
+        opts = {str(k).lower(): v for k, v in dict(options or {}).items() if v is not None}
+        topic_configs = {k[len(TOPIC_CONFIG_PREFIX):]: str(v) for k, v in opts.items()
+                         if k.startswith(TOPIC_CONFIG_PREFIX)}
+        storage = {k[len(STORAGE_PREFIX):]: str(v) for k, v in opts.items()
+                   if k.startswith(STORAGE_PREFIX) and len(k) > len(STORAGE_PREFIX)}
+        if validate:
+            _check_names(opts)
+        path = opts.get("path")
+        if validate and not (isinstance(path, str) and path.strip()):
+            raise InvalidConfigError("kafkalog sink needs the cluster root: save(path) or "
+                                     "option('path', ...)")
+        topic = opts.get("topic")
+        if topic is not None and validate:
+            validate_topic_name(topic)
+        compression = opts.get("compression.type")
+        if compression is not None:
+            compression = codecs.codec_id(compression)
+        magic = opts.get("message.format.version")
+        if magic is not None:
+            magic = magic_for_format_version(magic)
+        if compression is not None and magic is not None and validate:
+            codecs.check_codec(compression, magic)
+        levels = {}
+        for cid, key in _LEVELS.items():
+            if key in opts:
+                try:
+                    levels[cid] = int(str(opts[key]).strip())
+                except ValueError:
+                    raise InvalidConfigError(f"option {key} must be an integer, "
+                                             f"got {opts[key]!r}") from None
+        create = _bool(opts, "createtopic", False)
+        if validate:
+            if topic_configs:
+                LogConfig.from_properties(topic_configs)
+            if (topic_configs or "topic.partitions" in opts
+                    or "topic.replication.factor" in opts) and not create:
+                raise InvalidConfigError("topic.partitions, topic.replication.factor and "
+                                         "topic.config.* apply to a topic the sink creates: "
+                                         "set createTopic=true")
+            if create and topic is None:
+                raise InvalidConfigError("createTopic=true needs the topic option: topics named "
+                                         "only by the topic column must exist before the write")
+        return cls(path=path or "", topic=topic, compression=compression,
+                   compression_levels=levels, magic=magic,
+                   batch_size=_int(opts, "batch.size", DEFAULT_BATCH_SIZE),
+                   batch_records=_int(opts, "batch.records", DEFAULT_BATCH_RECORDS),
+                   buffer_memory=_int(opts, "buffer.memory", DEFAULT_BUFFER_MEMORY),
+                   create_topic=create,
+                   topic_partitions=_int(opts, "topic.partitions", 1),
+                   topic_replication_factor=_int(opts, "topic.replication.factor", 1),
+                   topic_configs=topic_configs,
+                   transaction_timeout_ms=_int(opts, "transaction.timeout.ms",
+                                               DEFAULT_TXN_TIMEOUT_MS),
+                   principal=opts.get("kafkalog.principal"),
+                   snapshot_interval=(_int(opts, "kafkalog.snapshot.interval", 50)
+                                      if "kafkalog.snapshot.interval" in opts else None),
+                   storage_options=storage)
+
+    def cluster_kwargs(self) -> dict:
+        """Keyword arguments of ``Cluster(path, ...)`` for this write."""
+        kw = dict(self.storage_options)
+        kw["transaction_timeout_ms"] = self.transaction_timeout_ms
+        if self.principal:
+            kw["principal"] = self.principal
+        if self.snapshot_interval:
+            kw["snapshot_interval"] = self.snapshot_interval
+        return kw
+
+
+def _check_names(opts: Mapping[str, str]) -> None:
+    for key, value in opts.items():
+        if key in _KNOWN or key.startswith(TOPIC_CONFIG_PREFIX) or (
+                key.startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX)):
+            continue
+        if key.startswith("kafka."):
+            name = key[len("kafka."):]
+            if name in _KAFKA_REJECTED:
+                raise InvalidConfigError(f"option {key}={value!r}: {_KAFKA_REJECTED[name]}")
+            if name in _KAFKA_NO_OPS or name.startswith(_KAFKA_NO_OP_PREFIXES):
+                continue
+            raise InvalidConfigError(
+                f"option {key}={value!r}: {name!r} is not a Kafka producer config (kafka.* "
+                "options are producer configs; the ones that tune a broker connection are "
+                "ignored, see pyspark_kafkalog/spark/write_options.py)")
+        if key in _READ_ONLY:
+            raise InvalidConfigError(f"option {key!r} is a read option; it means nothing to "
+                                     "df.write.format('kafkalog')")
+        close = difflib.get_close_matches(key, sorted(_KNOWN), n=1)
+        hint = f"; did you mean {_DISPLAY[close[0]]}?" if close else ""
+        raise InvalidConfigError(f"unknown option {key}={value!r} for df.write.format('kafkalog')"
+                                 f"{hint} (known: {', '.join(_NAMES)}, topic.config.*, "
+                                 "storage.*)")

@@ -1,0 +1,169 @@
+"""``df.write.format("kafkalog")``: the batch sink, and the shuffle helper that goes with it.
+
+Thin by design: each task hands its Arrow batches to ``cluster.arrow_writer.TaskWriter`` (encode
+per partition, reserve, write final segments) and returns the pending writes as its commit
+message; the driver commits all of them in one metadata entry (``commit_job``), so a job's
+records appear at once, or aborts them (``abort_job``). Options: ``spark.write_options``.
+
+Save modes. PySpark 4.3 hands a Python data source only ``overwrite`` (True for
+``mode("overwrite")``, False for ``mode("append")``); it refuses the other modes itself, before
+any data source code runs, with ``[UNSUPPORTED_DATA_SOURCE_SAVE_MODE]``. So ``mode("append")`` is
+required: ErrorIfExists — Spark's default, which Spark's Kafka sink treats as Append — and
+Ignore fail in Spark; Overwrite fails here (a Kafka log is append-only).
+
+No shuffle in the sink: a Python data source cannot ask Spark for a distribution of its input
+(``PythonWrite`` has no ``RequiresDistributionAndOrdering``), so every task writes every partition
+its rows map to — with T tasks and P partitions up to T x P segments per job.
+:func:`repartition_by_kafka_partition` shuffles rows so that each Kafka partition is written by
+exactly one task (P segments per job); see docs/spark-write.md for what each choice costs.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Iterator, List, Optional
+
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from ..cluster.arrow_writer import COLUMNS, IGNORED_COLUMNS, TaskWriter, check_schema
+from ..cluster.spark_job import (abort_job, commit_job, ensure_topic, job_producer_id,
+                                 open_cluster_for_write)
+from ..cluster.cluster import Cluster
+from ..cluster.producer import PendingWrite
+from ..errors import InvalidConfigError
+from .write_options import WriteOptions
+
+
+@dataclass
+class KafkaLogCommitMessage(WriterCommitMessage):
+    """What one task reserved and wrote: its ``PendingWrite``\\ s (JSON) and counts."""
+
+    pending: List[dict] = field(default_factory=list)
+    records: int = 0
+    batches: int = 0
+    bytes: int = 0
+    segments: int = 0
+
+    def pending_writes(self) -> List[PendingWrite]:
+        return [PendingWrite.from_json(d) for d in self.pending]
+
+
+def _arrow_schema(schema):
+    """The Spark schema as Arrow, one field at a time so that a bad type names its column."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_type
+    fields = []
+    for f in schema.fields:
+        try:
+            fields.append(pa.field(f.name, to_arrow_type(f.dataType, timezone="UTC")))
+        except Exception as exc:
+            raise InvalidConfigError(f"column {f.name!r} has type {f.dataType.simpleString()}, "
+                                     f"which the kafkalog sink cannot take ({exc})") from None
+    return pa.schema(fields)
+
+
+def _check_columns(schema, topic: Optional[str]) -> None:
+    unknown = [f for f in schema.fields if f.name not in COLUMNS + IGNORED_COLUMNS]
+    if unknown:   # the name error first: an odd type in an unknown column is not the point
+        import pyarrow as pa
+        check_schema(pa.schema([pa.field(f.name, pa.binary()) for f in schema.fields]), topic)
+    check_schema(_arrow_schema(schema), topic)
+
+
+def _absolute(path: str) -> str:
+    return path if "://" in path else os.path.abspath(path)
+
+
+class KafkaLogWriter(DataSourceArrowWriter):
+    """Created on the driver (``DataSource.writer``), pickled to every task and to the commit."""
+
+    def __init__(self, options: WriteOptions, schema, overwrite: bool):
+        if overwrite:
+            raise InvalidConfigError(
+                "save mode Overwrite is not supported: a kafkalog topic is an append-only log. "
+                "Use mode('append'); to remove old records use delete-records or retention")
+        _check_columns(schema, options.topic)
+        self.options = replace(options, path=_absolute(options.path))
+        self.schema = schema
+        self.job_id = uuid.uuid4().hex
+        self.producer = job_producer_id(self.job_id)
+        cluster = open_cluster_for_write(self.options.path, create=self.options.create_topic,
+                                         **self.options.cluster_kwargs())
+        if self.options.topic is not None:
+            ensure_topic(cluster, self.options.topic, create=self.options.create_topic,
+                         partitions=self.options.topic_partitions,
+                         replication_factor=self.options.topic_replication_factor,
+                         configs=self.options.topic_configs)
+
+    def _cluster(self) -> Cluster:
+        return Cluster(self.options.path, create=False, **self.options.cluster_kwargs())
+
+    def write(self, iterator: Iterator) -> KafkaLogCommitMessage:
+        tw = TaskWriter(self._cluster(), self.options, producer=self.producer)
+        try:
+            for batch in iterator:
+                tw.add(batch)
+            pending = tw.finish()
+        except BaseException:
+            tw.abort()
+            raise
+        s = tw.stats
+        return KafkaLogCommitMessage([p.to_json() for p in pending], s.records, s.batches,
+                                     s.bytes, s.segments)
+
+    @staticmethod
+    def _pending(messages) -> List[PendingWrite]:
+        return [p for m in messages if isinstance(m, KafkaLogCommitMessage)
+                for p in m.pending_writes()]
+
+    def commit(self, messages) -> None:
+        commit_job(self._cluster(), self._pending(messages), self.producer)
+
+    def abort(self, messages) -> None:
+        abort_job(self._cluster(), self._pending(messages), self.producer)
+
+
+# -- the shuffle helper -------------------------------------------------------------------------
+
+def repartition_by_kafka_partition(df, path: Optional[str] = None, topic: Optional[str] = None,
+                                   *, num_tasks: Optional[int] = None, **options):
+    """``df`` shuffled so that every Kafka partition is written by exactly one Spark task.
+
+    Fills the ``partition`` column with the partition the sink would choose (explicit values
+    kept, Kafka's murmur2 for keys, runs of ``batch.records`` rows per partition for unkeyed
+    rows) and repartitions on it (spark/shuffle.py): Kafka partition ``p`` of the i-th topic (by
+    name) lands in Spark partition ``(first_i + p) % num_tasks``; the default ``num_tasks`` is
+    the number of target partitions. Then::
+
+        repartition_by_kafka_partition(df, path, "events") \\
+            .write.format("kafkalog").mode("append").option("topic", "events").save(path)
+
+    writes one segment per partition instead of one per (task, partition). ``options`` are the
+    sink's (``batch.records``, ``createTopic``, ``topic.partitions``, ``storage.*``, ...); the
+    partition counts are read from the cluster now, on the driver.
+    """
+    from .shuffle import shuffle_by_partition
+    opts = dict(options)
+    if path is not None:
+        opts["path"] = path
+    if topic is not None:
+        opts["topic"] = topic
+    wo = WriteOptions.parse(opts)
+    _check_columns(df.schema, wo.topic)
+    cluster = open_cluster_for_write(_absolute(wo.path), create=wo.create_topic,
+                                     **wo.cluster_kwargs())
+    state = cluster.state()
+    if wo.topic is not None:
+        info = state.topics.get(wo.topic)
+        if info is None and not wo.create_topic:
+            ensure_topic(cluster, wo.topic, create=False)    # raises the clear error
+        counts = {wo.topic: info["partitions"] if info else wo.topic_partitions}
+    else:
+        counts = {t: info["partitions"] for t, info in state.topics.items()}
+    if num_tasks is not None and (not isinstance(num_tasks, int) or num_tasks < 1):
+        raise InvalidConfigError(f"num_tasks must be an int >= 1, got {num_tasks!r}")
+    if not counts:
+        raise InvalidConfigError(f"{wo.path} has no topics to write to")
+    return shuffle_by_partition(df, counts, topic=wo.topic, tasks=num_tasks,
+                                sticky_rows=wo.batch_records)

@@ -1,0 +1,656 @@
+"""``df.write.format("kafkalog")``: a real SparkSession writes, Admin (and kafka-python) read back.
+
+What is checked, and how:
+
+* rows round-trip: keys (null too), string/binary values, headers (null value, empty list, none),
+  explicit timestamps (CreateTime) and the write time where the column is null;
+* partitioner parity: every keyed row of 20,000 random keys lands where kafka-python's
+  ``murmur2`` (Kafka's Java ``toPositive(murmur2(key)) % n``) puts it; unkeyed rows spread evenly;
+* atomicity: a task that fails mid-job (after it reserved and wrote segments) leaves nothing
+  visible, no open reservation, and no segment file after ``Admin.cleanup``; a lost task attempt
+  is aborted by the job's commit; two concurrent jobs both land whole;
+* save modes and option errors, as Spark and the sink report them;
+* every codec and message format version the sink writes is read back by kafka-python's
+  ``MemoryRecords`` from the segment files on disk (an independent implementation);
+* file count: segments per job with and without ``repartition_by_kafka_partition``.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+import types
+from datetime import datetime, timezone
+from pathlib import Path
+
+import cramjam
+import pyarrow as pa
+import pytest
+
+import kafka.codec as kc
+from kafka.partitioner.default import murmur2 as kp_murmur2
+from kafka.record.memory_records import MemoryRecords
+
+from pyspark_kafkalog.admin import Admin
+from pyspark_kafkalog.cluster.arrow_writer import TaskWriter
+from pyspark_kafkalog.cluster.cluster import Cluster
+from pyspark_kafkalog.errors import InvalidConfigError, KafkaLogError
+from pyspark_kafkalog.format.arrow_encode import (HEADER_TYPE, chunk_bounds, encode_v2_chunks,
+                                                  estimated_sizes, murmur2_array,
+                                                  partitions_for_keys, to_records)
+from pyspark_kafkalog.format.encode import encode_batch_v2
+from pyspark_kafkalog.spark.write_options import WriteOptions
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def ks(spark):
+    """The session with the kafkalog format registered."""
+    import pyspark_kafkalog
+    pyspark_kafkalog.register(spark)
+    return spark
+
+
+def seg_files(root, topic=None, suffixes=(".log", ".index", ".timeindex")):
+    out = []
+    for d in sorted(Path(root).glob("logdir-*/*-*")):
+        if topic is None or d.name.rpartition("-")[0] == topic:
+            out += [p for p in d.iterdir() if p.suffix in suffixes]
+    return out
+
+
+def write(df, root, **opts):
+    w = df.write.format("kafkalog").mode("append")
+    for k, v in opts.items():
+        w = w.option(k, str(v))
+    w.save(str(root))
+
+
+def py_partition(key: bytes, n: int) -> int:
+    return (kp_murmur2(key) & 0x7FFFFFFF) % n
+
+
+# -- round trip ---------------------------------------------------------------------------------
+
+def test_write_then_read_back_same_rows(ks, tmp_path):
+    root = tmp_path / "c"
+    rng = random.Random(7)
+    rows = []
+    for i in range(600):
+        key = None if i % 9 == 0 else f"k{i % 50}"
+        headers = (None if i % 5 == 0 else [] if i % 5 == 1 else
+                   [("trace", b"t%d" % i), ("nullvalue", None)][: 1 + i % 2])
+        ts = None if i % 7 == 0 else datetime.fromtimestamp(
+            (1_600_000_000_000 + rng.randrange(10**9)) / 1000, tz=timezone.utc)
+        rows.append((key, f"value-{i}".encode() if i % 11 else b"", headers, ts))
+    schema = ("key string, value binary, headers array<struct<key: string, value: binary>>, "
+              "timestamp timestamp")
+    df = ks.createDataFrame(rows, schema).repartition(3)
+    before = int(time.time() * 1000)
+    write(df, root, topic="rt", createTopic="true", **{"topic.partitions": 5})
+    after = int(time.time() * 1000)
+    got = Admin(str(root)).consume("rt")
+    assert len(got) == len(rows)
+    expected = sorted((((None if k is None else k.encode()), v,
+                        tuple((hk, hv) for hk, hv in (h or ())),
+                        None if ts is None else round(ts.timestamp() * 1000))
+                       for k, v, h, ts in rows), key=repr)
+    actual = []
+    for r in got:
+        assert r.timestamp_type == 0 and r.magic == 2
+        if r.key is not None:
+            assert r.partition == py_partition(r.key, 5)
+        actual.append((r.key, r.value, tuple(r.headers), r.timestamp))
+    write_time = [a for a in actual if before <= a[3] <= after]
+    assert len(write_time) == sum(1 for r in rows if r[3] is None)
+    actual = sorted((a if not before <= a[3] <= after else a[:3] + (None,) for a in actual),
+                    key=repr)
+    assert actual == expected
+    # offsets are dense per partition and the checkpoint files follow the commit
+    for p in range(5):
+        offs = [r.offset for r in got if r.partition == p]
+        assert offs == list(range(len(offs)))
+    assert "rt 0 " in (root / "logdir-0" / "replication-offset-checkpoint").read_text()
+
+
+def test_keyed_rows_match_kafka_python_partitioner(ks, tmp_path):
+    """20,000 random keys (random bytes, 0-40 long, and text), 7 partitions."""
+    root = tmp_path / "c"
+    rng = random.Random(2024)
+    keys = {rng.randbytes(rng.randrange(0, 41)) for _ in range(15_000)}
+    keys |= {f"user-{i}".encode() for i in range(5_000)}
+    keys = sorted(keys)
+    assert len(keys) >= 19_000
+    df = ks.createDataFrame([(k, b"v") for k in keys], "key binary, value binary").repartition(4)
+    write(df, root, topic="parity", createTopic="true", **{"topic.partitions": 7})
+    got = Admin(str(root)).consume("parity")
+    assert sorted(r.key for r in got) == keys
+    wrong = [(r.key, r.partition) for r in got if r.partition != py_partition(r.key, 7)]
+    assert not wrong, wrong[:5]
+    # the vectorised partitioner agrees on its own, too (more partition counts, sliced input)
+    arr = pa.array(keys, pa.binary()).slice(3)
+    for n in (1, 2, 3, 12, 100, 1009):
+        assert partitions_for_keys(arr, n).tolist() == [py_partition(k, n) for k in keys[3:]]
+    h = murmur2_array(arr)
+    assert [int(x) for x in h] == [kp_murmur2(k) & 0xFFFFFFFF for k in keys[3:]]
+
+
+def test_unkeyed_rows_spread_evenly_and_sticky(ks, tmp_path):
+    root = tmp_path / "c"
+    df = ks.range(40_000, numPartitions=2).selectExpr("cast(id as string) as value")
+    write(df, root, topic="spread", createTopic="true", **{"topic.partitions": 4,
+                                                           "batch.records": 1000})
+    got = Admin(str(root)).consume("spread")
+    assert len(got) == 40_000
+    counts = [sum(1 for r in got if r.partition == p) for p in range(4)]
+    assert all(8_000 <= c <= 12_000 for c in counts), counts
+    # sticky: runs of batch.records rows per partition, not row-by-row round robin
+    batches = {}
+    for r in got:
+        batches.setdefault(r.partition, []).append(int(r.value))
+    assert all(len(v) % 1000 == 0 for v in batches.values()), [len(v) for v in batches.values()]
+
+
+def test_topic_and_partition_columns(ks, tmp_path):
+    root = tmp_path / "c"
+    admin = Admin(str(root))
+    admin.create_topic("a", 3)
+    admin.create_topic("b", 2)
+    rows = [("a", 2, None, "x1"), ("b", None, "k", "x2"), ("a", None, None, "x3"),
+            ("b", 1, "k", "x4")]
+    df = ks.createDataFrame(rows, "topic string, partition int, key string, value string")
+    write(df, root)
+    a, b = admin.consume("a"), admin.consume("b")
+    assert sorted(r.value for r in a) == [b"x1", b"x3"] and sorted(r.value for r in b) == [
+        b"x2", b"x4"]
+    assert [r.partition for r in a if r.value == b"x1"] == [2]
+    assert {r.value: r.partition for r in b} == {b"x2": py_partition(b"k", 2), b"x4": 1}
+    # the topic option overrides the column
+    write(df.drop("partition"), root, topic="b")
+    assert len(admin.consume("b")) == 6
+    assert len(admin.consume("a")) == 2
+
+
+def test_log_append_time_topic(ks, tmp_path):
+    root = tmp_path / "c"
+    Admin(str(root)).create_topic("lat", 1, configs={"message.timestamp.type": "LogAppendTime"})
+    df = ks.createDataFrame([("v", datetime(2001, 1, 1, tzinfo=timezone.utc))],
+                            "value string, timestamp timestamp")
+    before = int(time.time() * 1000)
+    write(df, root, topic="lat")
+    (r,) = Admin(str(root)).consume("lat")
+    assert r.timestamp_type == 1 and r.timestamp >= before
+
+
+# -- atomicity ----------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Arrow optimization failed:RuntimeWarning")
+def test_failing_task_leaves_nothing_visible_and_no_files(ks, tmp_path):
+    """Task 2 of 4 raises on one row, after it (and the others) reserved and wrote segments."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+    root = tmp_path / "c"
+    admin = Admin(str(root))
+    admin.create_topic("boom", 4)
+    admin.produce("boom", [(b"before", b"committed earlier")], partition=0)
+
+    @F.udf(StringType())
+    def explode_on(v):
+        if v == "row-7777":
+            raise ValueError("injected failure")
+        return v
+
+    df = (ks.range(0, 10_000, numPartitions=4)
+          .selectExpr("cast(id % 97 as string) as key", "concat('row-', id) as value")
+          .withColumn("value", explode_on("value")))
+    # small batches and a tiny buffer: every task reserves and writes segments early and often
+    with pytest.raises(Exception, match="injected failure"):
+        write(df, root, topic="boom", **{"batch.records": 100, "buffer.memory": 4096})
+    got = admin.consume("boom")
+    assert [(r.key, r.value) for r in got] == [(b"before", b"committed earlier")]
+    # Spark aborts the job while the other tasks may still run: an attempt that reserves after
+    # the abort finds the decision and aborts itself (no waiting for transaction.timeout.ms)
+    deadline = time.time() + 30
+    while admin.cluster.state().txns and time.time() < deadline:
+        time.sleep(0.2)
+    state = admin.cluster.state()
+    assert not state.txns, "the job left open reservations"
+    outcomes = sorted(state.decided.values())
+    # one committed produce before; the job's tasks had reserved (many times) and were aborted
+    assert outcomes.count("committed") == 1 and outcomes.count("aborted") >= 4, outcomes
+    admin.cleanup()
+    left = sorted(p.name for p in seg_files(root, "boom"))
+    assert left == ["00000000000000000000.index", "00000000000000000000.log",
+                    "00000000000000000000.timeindex"], left
+    # the topic still takes writes, and what the failed job reserved stays a gap
+    write(ks.createDataFrame([("after",)], "value string"), root, topic="boom")
+    assert sorted(r.value for r in admin.consume("boom")) == [b"after", b"committed earlier"]
+
+
+def _batches(n, start=0):
+    keys = pa.array([b"k%d" % (i % 13) for i in range(start, start + n)], pa.binary())
+    vals = pa.array([b"v%d" % i for i in range(start, start + n)], pa.binary())
+    return [pa.RecordBatch.from_arrays([keys, vals], names=["key", "value"])]
+
+
+def test_lost_task_attempt_is_aborted_by_the_job_commit(tmp_path):
+    """Spark retried a task: attempt 0 reserved and wrote, then died; only attempt 1's message
+    reaches commit(). Attempt 0's reservation is aborted in the commit entry and its files go."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+    from pyspark_kafkalog.spark.writer import KafkaLogWriter
+    root = str(tmp_path / "c")
+    Admin(root).create_topic("retry", 3)
+    schema = StructType([StructField("key", BinaryType()), StructField("value", BinaryType())])
+    writer = KafkaLogWriter(WriteOptions.parse({"path": root, "topic": "retry"}), schema, False)
+    # attempt 0: reserves and writes, and its process dies before returning a message
+    lost = TaskWriter(Cluster(root), writer.options, producer=writer.producer)
+    for b in _batches(500):
+        lost.add(b)
+    lost_pending = lost.finish()
+    assert lost_pending and seg_files(root, "retry")
+    # attempt 1 and another task succeed
+    msg1 = writer.write(iter(_batches(500)))
+    msg2 = writer.write(iter(_batches(300, start=500)))
+    assert msg1.records == 500 and msg2.records == 300
+    writer.commit([msg1, msg2])
+    admin = Admin(root)
+    got = admin.consume("retry")
+    assert sorted(r.value for r in got) == sorted([b"v%d" % i for i in range(500)] +
+                                                  [b"v%d" % i for i in range(500, 800)])
+    state = admin.cluster.state()
+    assert not state.txns
+    assert state.decided[lost_pending[0].txn] == "aborted"
+    lost_files = {f"{b:020d}" for p in lost_pending for bs in p.segments.values() for b in bs}
+    assert not {p.stem for p in seg_files(root, "retry")} & lost_files, "lost attempt's files"
+    admin.cleanup()
+    assert len(admin.consume("retry")) == 800
+
+
+def test_attempt_after_the_job_is_decided_aborts_itself(tmp_path):
+    """Spark decides a job while attempts may still run: one that reserves after the decision
+    finds the decision entry and aborts its own write at once (no wait for the timeout)."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+    from pyspark_kafkalog.errors import InvalidTxnStateError
+    from pyspark_kafkalog.spark.writer import KafkaLogWriter
+    root = str(tmp_path / "c")
+    admin = Admin(root)
+    admin.create_topic("late", 2)
+    schema = StructType([StructField("key", BinaryType()), StructField("value", BinaryType())])
+    for decide in ("commit", "abort"):
+        writer = KafkaLogWriter(WriteOptions.parse({"path": root, "topic": "late"}), schema,
+                                False)
+        first = writer.write(iter(_batches(40)))
+        if decide == "commit":
+            writer.commit([first])
+        else:
+            writer.abort([first])
+        with pytest.raises(InvalidTxnStateError, match="already committed or aborted"):
+            writer.write(iter(_batches(40, start=1000)))
+        state = admin.cluster.state()
+        assert not state.txns
+    assert sorted(r.value for r in admin.consume("late")) == sorted(b"v%d" % i
+                                                                    for i in range(40))
+    admin.cleanup()
+    assert len(seg_files(root, "late", (".log",))) == 2
+
+
+def test_commit_after_the_deadline_fails_whole(tmp_path):
+    from pyspark.sql.types import BinaryType, StructField, StructType
+    from pyspark_kafkalog.errors import FencedLeaderEpochError
+    from pyspark_kafkalog.spark.writer import KafkaLogWriter
+    root = str(tmp_path / "c")
+    Admin(root).create_topic("slow", 2)
+    schema = StructType([StructField("key", BinaryType()), StructField("value", BinaryType())])
+    writer = KafkaLogWriter(WriteOptions.parse({"path": root, "topic": "slow",
+                                                "transaction.timeout.ms": "1"}), schema, False)
+    m1 = writer.write(iter(_batches(50)))
+    time.sleep(0.05)
+    m2 = writer.write(iter(_batches(50)))
+    time.sleep(0.05)
+    with pytest.raises(FencedLeaderEpochError, match="transaction.timeout.ms"):
+        writer.commit([m1, m2])
+    admin = Admin(root)
+    assert admin.consume("slow") == []
+    admin.cleanup()
+    assert seg_files(root, "slow") == []
+
+
+def test_two_concurrent_jobs_both_land_whole(ks, tmp_path):
+    root = tmp_path / "c"
+    Admin(str(root)).create_topic("both", 3)
+    errors = []
+
+    def job(tag):
+        try:
+            # Spark looks Python data sources up in the thread's *active* session, which a new
+            # thread does not have (docs/spark-write.md)
+            ks._jvm.org.apache.spark.sql.SparkSession.setActiveSession(ks._jsparkSession)
+            df = (ks.range(0, 6000, numPartitions=3)
+                  .selectExpr("cast(id % 31 as string) as key", f"concat('{tag}-', id) as value"))
+            write(df, root, topic="both", **{"batch.records": 500})
+        except Exception as exc:   # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=job, args=(t,)) for t in ("A", "B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, [str(getattr(e, "java_exception", e)) for e in errors]
+    got = Admin(str(root)).consume("both")
+    values = sorted(r.value for r in got)
+    assert values == sorted([f"A-{i}".encode() for i in range(6000)] +
+                            [f"B-{i}".encode() for i in range(6000)])
+    for p in range(3):
+        offs = [r.offset for r in got if r.partition == p]
+        assert offs == sorted(offs) and len(set(offs)) == len(offs)
+
+
+# -- save modes and errors ----------------------------------------------------------------------
+
+def test_save_modes(ks, tmp_path):
+    from pyspark.errors import AnalysisException
+    root = tmp_path / "c"
+    Admin(str(root)).create_topic("modes", 1)
+    df = ks.createDataFrame([("v",)], "value string")
+    base = df.write.format("kafkalog").option("topic", "modes")
+    # ErrorIfExists (Spark's default) and Ignore: Spark refuses them before the source runs
+    for mode in (None, "errorifexists", "ignore"):
+        w = base if mode is None else base.mode(mode)
+        with pytest.raises(AnalysisException, match="UNSUPPORTED_DATA_SOURCE_SAVE_MODE"):
+            w.save(str(root))
+    with pytest.raises(Exception, match="append-only"):
+        base.mode("overwrite").save(str(root))
+    base.mode("append").save(str(root))
+    assert [r.value for r in Admin(str(root)).consume("modes")] == [b"v"]
+
+
+@pytest.mark.parametrize("opts,needle", [
+    ({}, "cluster root"),
+    ({"path": "/x", "kafka.bootstrap.servers": "h:9092"}, "no brokers"),
+    ({"path": "/x", "kafka.compression.type": "gzip"}, "use the option compression.type"),
+    ({"path": "/x", "kafka.value.serializer": "x"}, "as in Spark's Kafka sink"),
+    ({"path": "/x", "kafka.lingerr.ms": "5"}, "not a Kafka producer config"),
+    ({"path": "/x", "subscribe": "t"}, "read option"),
+    ({"path": "/x", "topik": "t"}, "unknown option topik='t'.*did you mean topic"),
+    ({"path": "/x", "compression.type": "brotli"}, "unknown compression codec"),
+    ({"path": "/x", "compression.type": "zstd", "message.format.version": "0.10.2"}, "zstd"),
+    ({"path": "/x", "message.format.version": "banana"}, "message.format.version"),
+    ({"path": "/x", "batch.size": "0"}, "batch.size must be >= 1"),
+    ({"path": "/x", "batch.records": "many"}, "integer"),
+    ({"path": "/x", "createTopic": "maybe"}, "true or false"),
+    ({"path": "/x", "topic": "t", "topic.partitions": "3"}, "createTopic=true"),
+    ({"path": "/x", "createTopic": "true"}, "needs the topic option"),
+    ({"path": "/x", "topic": "t", "createTopic": "true",
+      "topic.config.retention.mss": "1"}, "unknown topic config"),
+    ({"path": "/x", "topic": "bad/name"}, "topic"),
+])
+def test_option_errors(opts, needle):
+    with pytest.raises(KafkaLogError, match=needle):
+        WriteOptions.parse(opts)
+
+
+def test_options_parse():
+    o = WriteOptions.parse({"PATH": "/r", "Topic": "t", "compression.type": "LZ4",
+                            "message.format.version": "0.10.2", "CREATETOPIC": "true",
+                            "topic.partitions": "6", "topic.config.retention.ms": "1000",
+                            "storage.endpoint_url": "http://x", "compression.lz4.level": "9",
+                            "transaction.timeout.ms": "120000"})
+    assert (o.path, o.topic, o.compression, o.magic, o.create_topic, o.topic_partitions) == (
+        "/r", "t", 3, 1, True, 6)
+    assert o.topic_configs == {"retention.ms": "1000"} and o.compression_levels == {3: 9}
+    assert o.cluster_kwargs() == {"endpoint_url": "http://x", "transaction_timeout_ms": 120000}
+    assert WriteOptions.parse({"path": "/r", "message.format.version": "2"}).magic == 2
+    assert WriteOptions.parse({"path": "/r"}).transaction_timeout_ms == 900_000
+    # delivery tuning of a Kafka producer is a documented no-op
+    WriteOptions.parse({"path": "/r", "kafka.acks": "all", "kafka.linger.ms": "5",
+                        "kafka.ssl.truststore.location": "/x", "kafka.enable.idempotence": "1"})
+
+
+def test_errors_through_spark(ks, tmp_path, golden_copy):
+    root = tmp_path / "c"
+    admin = Admin(str(root))
+    admin.create_topic("e", 2)
+    ok = ks.createDataFrame([("k", "v")], "key string, value string")
+
+    def fails(df, needle, **opts):
+        with pytest.raises(Exception, match=needle):
+            write(df, opts.pop("path", root), **opts)
+
+    fails(ok, "no topic")
+    fails(ok, "does not exist", topic="nope")
+    fails(ok, "plain Kafka log", path=golden_copy, topic="e")
+    (tmp_path / "empty").mkdir()
+    fails(ok, "not a kafkalog cluster root", path=tmp_path / "empty", topic="e")
+    fails(ks.createDataFrame([("v", 1)], "value string, extra int"),
+          r"unknown column\(s\) \['extra'\]", topic="e")
+    fails(ks.createDataFrame([("v", 5)], "value string, partition int"),
+          r"a row has partition 5 but topic 'e' has 2 partitions \(0..1\)", topic="e")
+    fails(ks.createDataFrame([("v", [("h", b"x")])],
+                             "value string, headers array<struct<key:string,value:binary>>"),
+          "no record headers", topic="e", **{"message.format.version": "1"})
+    assert admin.consume("e") == []
+    # read-schema columns (offset, timestampType) are ignored, so a read -> write copy works
+    df = ks.createDataFrame([(b"k", b"v", 5, 0)], "key binary, value binary, offset long, "
+                            "timestampType int")
+    write(df, root, topic="e")
+    assert [r.value for r in admin.consume("e")] == [b"v"]
+
+
+@pytest.mark.parametrize("ddl,topic,needle", [
+    ("value string, extra int", "t", r"unknown column\(s\) \['extra'\]"),
+    ("Value string, key string", "t", "case-sensitive"),
+    ("key string", "t", "needs a 'value' column"),
+    ("value int", "t", "column 'value' must be string or binary"),
+    ("value string, partition string", "t", "column 'partition' must be int"),
+    ("value string, timestamp long", "t", "column 'timestamp' must be timestamp"),
+    ("value string, headers map<string,binary>", "t", "column 'headers' must be array<struct"),
+    ("value string", None, "no topic"),
+    ("value string, topic int", None, "column 'topic' must be string"),
+    ("value string, v variant", "t", r"unknown column\(s\) \['v'\]"),
+])
+def test_column_errors(tmp_path, ddl, topic, needle):
+    """The column rules, checked on the driver before any task runs (no Spark job needed)."""
+    from pyspark.sql.types import _parse_datatype_string
+    from pyspark_kafkalog.spark.writer import _check_columns
+    with pytest.raises(InvalidConfigError, match=needle):
+        _check_columns(_parse_datatype_string(ddl), topic)
+
+
+def test_row_errors_in_a_task(tmp_path):
+    root = str(tmp_path / "c")
+    Admin(root).create_topic("t", 2)
+    opts = WriteOptions.parse({"path": root})
+
+    def add(**cols):
+        tw = TaskWriter(Cluster(root), opts, producer="spark-job:x")
+        tw.add(pa.RecordBatch.from_pydict(cols))
+
+    with pytest.raises(KafkaLogError, match="null topic"):
+        add(value=["v"], topic=pa.array([None], pa.string()))
+    with pytest.raises(KafkaLogError, match="topic 'nope' does not exist"):
+        add(value=["v"], topic=["nope"])
+    with pytest.raises(KafkaLogError, match="a row has partition -1 but topic 't' has 2"):
+        add(value=["v", "w"], topic=["t", "t"], partition=pa.array([None, -1], pa.int32()))
+    with pytest.raises(KafkaLogError, match="timestamp -1000 ms .before 1970"):
+        add(value=["v"], topic=["t"], timestamp=pa.array([-1_000_000], pa.timestamp("us")))
+
+
+def test_max_message_bytes_splits_batches_and_rejects_huge_records(tmp_path):
+    root = str(tmp_path / "c")
+    Admin(root).create_topic("small", 1, configs={"max.message.bytes": "2000"})
+    opts = WriteOptions.parse({"path": root})
+    tw = TaskWriter(Cluster(root), opts, producer="spark-job:x")
+    tw.add(pa.RecordBatch.from_pydict({"value": [b"x" * 300] * 40, "topic": ["small"] * 40}))
+    (pending,) = tw.finish()
+    assert tw.stats.batches >= 8
+    assert Admin(root).cluster.state().txns   # reserved, not committed
+    tw.abort()
+    tw = TaskWriter(Cluster(root), opts, producer="spark-job:x")
+    tw.add(pa.RecordBatch.from_pydict({"value": [b"x" * 3000], "topic": ["small"]}))
+    with pytest.raises(KafkaLogError, match="max.message.bytes"):
+        tw.finish()
+
+
+# -- independent validation of the bytes: kafka-python reads the segments -----------------------
+
+@pytest.fixture
+def kafka_python_snappy(monkeypatch):
+    """kafka.codec wants python-snappy; give it the raw-block layer python-snappy wraps."""
+    if not kc.has_snappy():
+        monkeypatch.setattr(kc, "snappy", types.SimpleNamespace(
+            compress=lambda b: bytes(cramjam.snappy.compress_raw(bytes(b))),
+            decompress=lambda b: bytes(cramjam.snappy.decompress_raw(bytes(b)))))
+
+
+FORMATS = [(m, c) for m in (0, 1, 2) for c in ("none", "gzip", "snappy", "lz4", "zstd")
+           if not (c == "zstd" and m < 2)]
+
+
+def test_every_codec_and_format_reads_back_with_kafka_python(ks, tmp_path, kafka_python_snappy):
+    root = tmp_path / "c"
+    rows = [(None if i % 4 == 0 else f"key-{i}", (f"value-{i}-" * (i % 9)).encode() or None,
+             datetime.fromtimestamp((1_650_000_000_000 + i * 1001) / 1000, tz=timezone.utc),
+             [("h", b"%d" % i), ("n", None)] if i % 3 == 0 else [])
+            for i in range(300)]
+    schema = ("key string, value binary, timestamp timestamp, "
+              "headers array<struct<key:string,value:binary>>")
+    full = ks.createDataFrame(rows, schema).repartition(2).cache()
+    no_headers = full.drop("headers")
+    for magic, codec in FORMATS:
+        topic = f"f{magic}-{codec}"
+        write(full if magic == 2 else no_headers, root, topic=topic, createTopic="true",
+              **{"topic.partitions": 2, "message.format.version": magic,
+                 "compression.type": codec, "batch.records": 37})
+        seen = []
+        for f in seg_files(root, topic, (".log",)):
+            pos, buf = 0, f.read_bytes()
+            for batch in MemoryRecords(buf):
+                assert batch.magic == magic and batch.validate_crc()
+                if codec != "none":
+                    assert batch.compression_type != 0
+                for rec in batch:
+                    assert rec.validate_crc()
+                    seen.append((rec.key, rec.value, rec.timestamp,
+                                 tuple(rec.headers) if magic == 2 else ()))
+                pos += batch.size_in_bytes
+            assert pos == len(buf)
+        want = sorted((((None if k is None else k.encode()), v,
+                        None if magic == 0 else round(ts.timestamp() * 1000),
+                        tuple(h) if magic == 2 else ()) for k, v, ts, h in rows), key=repr)
+        assert sorted(seen, key=repr) == sorted(want, key=repr), topic
+        # and ours agrees with kafka-python on the same files
+        assert len(Admin(str(root)).consume(topic)) == len(rows)
+    full.unpersist()
+
+
+# -- the vectorised encoder is the reference encoder, byte for byte -----------------------------
+
+def test_vectorised_encoder_is_byte_identical():
+    rng = random.Random(3)
+    n = 2000
+    keys = pa.array([None if i % 10 == 0 else rng.randbytes(rng.randrange(0, 30))
+                     for i in range(n)], pa.binary())
+    vals = pa.array([None if i % 17 == 0 else rng.randbytes(rng.randrange(0, 300))
+                     for i in range(n)], pa.binary())
+    ts = [rng.randrange(0, 2**44) for _ in range(n)]
+    hdrs = pa.array([None if i % 5 == 0 else
+                     [{"key": b"h%d" % j, "value": None if j == 1 else rng.randbytes(j)}
+                      for j in range(i % 4)] for i in range(n)], HEADER_TYPE)
+    for a, b in ((0, n), (13, 977)):
+        k, v, h = keys.slice(a, b), vals.slice(a, b), hdrs.slice(a, b)
+        t = ts[a:a + b]
+        bounds = chunk_bounds(estimated_sizes(k, v, h), 40_000, 300)
+        assert len(bounds) > 3
+        got = encode_v2_chunks(k, v, t, h, bounds, 0)
+        recs = to_records(k, v, t, h)
+        for i, (x, y) in enumerate(zip(bounds[:-1], bounds[1:])):
+            assert got[i] == encode_batch_v2(recs[x:y])
+
+
+# -- file count: the shuffle helper -------------------------------------------------------------
+
+def test_segment_counts_with_and_without_the_shuffle(ks, tmp_path):
+    """8 input tasks x 8 partitions: one segment per (task, partition) without the shuffle,
+    exactly one per partition with it; the same records land in the same partitions."""
+    from pyspark_kafkalog.spark.shuffle import spark_hash_int
+    from pyspark_kafkalog.spark.writer import repartition_by_kafka_partition
+    from pyspark.sql import functions as F
+    root = tmp_path / "c"
+    admin = Admin(str(root))
+    admin.create_topic("plain", 8)
+    admin.create_topic("shuffled", 8)
+    df = ks.range(0, 16_000, numPartitions=8).selectExpr("cast(id as string) as key",
+                                                          "cast(id * 7 as string) as value")
+    write(df, root, topic="plain")
+    shuffled = repartition_by_kafka_partition(df, str(root), "shuffled")
+    assert shuffled.rdd.getNumPartitions() == 8
+    write(shuffled, root, topic="shuffled")
+    plain_segs = len(seg_files(root, "plain", (".log",)))
+    shuffled_segs = len(seg_files(root, "shuffled", (".log",)))
+    assert (plain_segs, shuffled_segs) == (64, 8)
+    a = sorted((r.partition, r.key, r.value) for r in admin.consume("plain"))
+    b = sorted((r.partition, r.key, r.value) for r in admin.consume("shuffled"))
+    assert a == b and len(a) == 16_000
+    # the helper's Spark hash is Spark's
+    vals = [0, 1, -1, 42, 2**31 - 1, -2**31, 123456]
+    got = ks.createDataFrame([(v,) for v in vals], "v int").select(F.hash("v")).collect()
+    assert [r[0] for r in got] == [spark_hash_int(v) for v in vals]
+
+
+def test_shuffle_helper_unkeyed_and_explicit(ks, tmp_path):
+    from pyspark_kafkalog.spark.writer import repartition_by_kafka_partition
+    root = tmp_path / "c"
+    Admin(str(root)).create_topic("u", 4)
+    df = ks.range(0, 8000, numPartitions=4).selectExpr(
+        "cast(id as string) as value", "if(id < 10, 3, null) as partition")
+    out = repartition_by_kafka_partition(df, str(root), "u", num_tasks=2,
+                                         **{"batch.records": 500})
+    assert out.rdd.getNumPartitions() == 2
+    write(out, root, topic="u")
+    got = Admin(str(root)).consume("u")
+    assert len(got) == 8000
+    assert all(r.partition == 3 for r in got if int(r.value) < 10)
+    assert len(seg_files(root, "u", (".log",))) == 4
+
+
+def test_spark_sql_murmur2_matches_kafka_python(ks):
+    """The shuffle helper computes Kafka's partition in Spark SQL; it must be the sink's."""
+    from pyspark.sql import functions as F
+    from pyspark_kafkalog.spark.shuffle import kafka_murmur2, kafka_partition
+    rng = random.Random(99)
+    keys = [rng.randbytes(rng.randrange(0, 23)) for _ in range(3000)] + [b"", b"a", b"abcd"]
+    df = ks.createDataFrame([(k,) for k in keys], "key binary")
+    got = df.select("key", kafka_murmur2(F.col("key")).alias("h"),
+                    kafka_partition(F.col("key"), F.lit(11)).alias("p")).collect()
+    assert [(bytes(r.key), r.h, r.p) for r in got] == [
+        (k, kp_murmur2(k) & 0xFFFFFFFF, py_partition(k, 11)) for k in keys]
+
+
+def test_end_to_end_with_the_spark_reader(ks, tmp_path):
+    """Write with format("kafkalog"), read back with format("kafkalog"), copy topic to topic."""
+    root = str(tmp_path / "c")
+    rows = [(None if i % 3 == 0 else f"k{i}", f"v{i}",
+             datetime.fromtimestamp((1_700_000_000_000 + i) / 1000, tz=timezone.utc),
+             [("h", b"%d" % i)] if i % 2 else [])
+            for i in range(500)]
+    df = ks.createDataFrame(rows, "key string, value string, timestamp timestamp, "
+                                  "headers array<struct<key:string,value:binary>>")
+    write(df, root, topic="src", createTopic="true", **{"topic.partitions": 3})
+    read = (ks.read.format("kafkalog").option("subscribe", "src")
+            .option("includeHeaders", "true").load(root))
+    got = sorted(((None if r.key is None else bytes(r.key).decode(), bytes(r.value).decode(),
+                   round(r.timestamp.timestamp() * 1000), r.timestampType,
+                   [(h.key, bytes(h.value)) for h in r.headers], r.partition, r.offset)
+                  for r in read.collect()), key=repr)
+    admin = Admin(root)
+    placed = {r.value.decode(): (r.partition, r.offset) for r in admin.consume("src")}
+    assert got == sorted(((k, v, 1_700_000_000_000 + i, 0, h, *placed[v])
+                          for i, (k, v, _, h) in enumerate(rows)), key=repr)
+    # topic to topic: the read schema's extra columns are ignored, partitions kept
+    write(read.drop("topic"), root, topic="copy", createTopic="true", **{"topic.partitions": 3})
+    copy = sorted(((r.partition, r.key, r.value, r.timestamp, r.headers)
+                   for r in admin.consume("copy")), key=repr)
+    assert copy == sorted(((r.partition, r.key, r.value, r.timestamp, r.headers)
+                           for r in admin.consume("src")), key=repr)
