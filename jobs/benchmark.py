@@ -712,6 +712,28 @@ def render_profile(name: str, prof: dict) -> str:
     return "\n".join(out)
 
 
+# -- Spark sections (jobs/bench_spark.py) ---------------------------------------------------------
+
+def _spark_section(name: str, help_text: str, runner_name: str) -> None:
+    def run(args):
+        import bench_spark
+        result = getattr(bench_spark, runner_name)(args)
+        print(bench_spark.render(name, result))
+        return result, 0
+
+    def add_arguments(p):
+        import bench_spark
+        bench_spark.add_arguments(p)
+
+    section(name, help_text, add_arguments)(run)
+
+
+_spark_section("spark-read", "Spark batch read: kafkalog vs a no-op Arrow source vs Parquet",
+               "run_spark_read")
+_spark_section("spark-write", "Spark batch write: kafkalog vs a no-op Arrow sink vs Parquet",
+               "run_spark_write")
+
+
 # -- entry point ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,229 @@
+"""Spark sections of jobs/benchmark.py: format("kafkalog") against baselines, in one run.
+
+spark-read: the same rows read (and fully materialised with the ``noop`` sink) from
+  - a kafkalog cluster topic (``spark.read.format("kafkalog")``),
+  - a no-op Python Arrow data source that only hands Spark pre-built Arrow batches of the same
+    rows (the ceiling for any Python data source: no I/O, no decoding),
+  - Parquet files holding the same columns.
+spark-write: the same DataFrame written to
+  - a kafkalog topic (``df.write.format("kafkalog")``, one atomic job commit),
+  - a no-op Python Arrow sink (consumes the Arrow batches, keeps nothing),
+  - Parquet.
+Ratios are taken within the run: kafkalog / no-op and kafkalog / Parquet (throughput).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, Iterator
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+import pyarrow as pa  # noqa: E402
+from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader,  # noqa: E402
+                                    InputPartition, WriterCommitMessage)
+
+ROWS_PER_BATCH = 10_000
+
+try:   # Python workers cannot import jobs/: ship this module's classes by value
+    from pyspark import cloudpickle
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+except Exception:   # pragma: no cover
+    pass
+
+
+def _rows(n: int, value_bytes: int, partition: int, start: int = 0) -> pa.RecordBatch:
+    """The benchmark's rows for one partition, as the kafkalog reader returns them."""
+    import numpy as np
+    rng = np.random.default_rng(partition * 1_000_003 + start)
+    values = rng.integers(0, 256, size=n * value_bytes, dtype=np.uint8).tobytes()
+    keys = [b"key-%08d" % (i % 10_000) for i in range(start, start + n)]
+    val_offsets = np.arange(0, (n + 1) * value_bytes, value_bytes, dtype=np.int32)
+    value_arr = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(val_offsets.tobytes()),
+                                                       pa.py_buffer(values)])
+    ts = pa.array(1_700_000_000_000_000 + np.arange(start, start + n, dtype=np.int64) * 1000,
+                  pa.timestamp("us", tz="UTC"))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(keys, pa.binary()), value_arr, pa.array(["bench"] * n, pa.string()),
+         pa.array([partition] * n, pa.int32()), pa.array(range(start, start + n), pa.int64()),
+         ts, pa.array([0] * n, pa.int32())],
+        names=["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"])
+
+
+class NoopSource(DataSource):
+    """Hands Spark Arrow batches it builds in memory: what a Python source costs with no I/O."""
+
+    @classmethod
+    def name(cls):
+        return "bench_noop"
+
+    def schema(self):
+        return ("key binary, value binary, topic string, partition int, offset long, "
+                "timestamp timestamp, timestampType int")
+
+    def reader(self, schema):
+        return NoopReader(int(self.options["rows"]), int(self.options["partitions"]),
+                          int(self.options["value_bytes"]))
+
+    def writer(self, schema, overwrite):
+        return NoopWriter()
+
+
+class NoopReader(DataSourceReader):
+    def __init__(self, rows: int, partitions: int, value_bytes: int):
+        self.rows, self.n, self.value_bytes = rows, partitions, value_bytes
+
+    def partitions(self):
+        return [InputPartition(p) for p in range(self.n)]
+
+    def read(self, partition) -> Iterator[pa.RecordBatch]:
+        per = self.rows // self.n
+        batch = _rows(min(per, ROWS_PER_BATCH), self.value_bytes, partition.value)
+        done = 0
+        while done < per:   # the batch is reused: only handing over to Spark is measured
+            k = min(ROWS_PER_BATCH, per - done)
+            yield batch if k == batch.num_rows else batch.slice(0, k)
+            done += k
+
+
+class NoopWriter(DataSourceArrowWriter):
+    def write(self, iterator) -> WriterCommitMessage:
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        return WriterCommitMessage()
+
+    def commit(self, messages):
+        pass
+
+    def abort(self, messages):
+        pass
+
+
+def best_of(repeat: int, fn: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _session():
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master(os.environ.get("KAFKALOG_BENCH_MASTER", "local[2]"))
+             .appName("kafkalog-benchmark").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    import pyspark_kafkalog
+    pyspark_kafkalog.register(spark)
+    spark.dataSource.register(NoopSource)
+    return spark
+
+
+def _fill_cluster(url: str, rows: int, partitions: int, value_bytes: int, codec: str) -> None:
+    """Write the benchmark rows straight through the protocol (not through Spark)."""
+    from pyspark_kafkalog.admin import Admin
+    from pyspark_kafkalog.cluster.producer import Producer
+    from pyspark_kafkalog.format.records import Record
+    admin = Admin(url)
+    admin.create_topic("bench", partitions, configs={"segment.bytes": 256 << 20,
+                                                     "compression.type": codec})
+    prod = Producer(admin.cluster)
+    per = rows // partitions
+    for p in range(partitions):
+        for start in range(0, per, 200_000):
+            batch = _rows(min(200_000, per - start), value_bytes, p, start)
+            ts = [t // 1000 for t in batch.column(5).cast(pa.int64()).to_pylist()]
+            recs = [Record(k, v, t) for k, v, t in zip(batch.column(0).to_pylist(),
+                                                       batch.column(1).to_pylist(), ts)]
+            prod.send({("bench", p): prod.encode("bench", recs, batch_records=1000)})
+
+
+def run_spark_read(args) -> Dict[str, object]:
+    spark = _session()
+    tmp = tempfile.mkdtemp(prefix="kafkalog-bench-")
+    try:
+        url = os.path.join(tmp, "cluster")
+        _fill_cluster(url, args.rows, args.partitions, args.value_bytes, args.codec)
+        pq_path = os.path.join(tmp, "parquet")
+        os.makedirs(pq_path)
+        import pyarrow.parquet as pq
+        per = args.rows // args.partitions
+        for p in range(args.partitions):
+            tables = [pa.Table.from_batches([_rows(min(200_000, per - s), args.value_bytes, p, s)])
+                      for s in range(0, per, 200_000)]
+            pq.write_table(pa.concat_tables(tables), os.path.join(pq_path, f"part-{p}.parquet"))
+        readers = {
+            "kafkalog": lambda: spark.read.format("kafkalog").option("subscribe", "bench").load(url),
+            "noop-source": lambda: spark.read.format("bench_noop").option("rows", args.rows)
+            .option("partitions", args.partitions).option("value_bytes", args.value_bytes).load(),
+            "parquet": lambda: spark.read.parquet(pq_path),
+        }
+        counts = {name: mk().count() for name, mk in readers.items()}
+        times = {name: best_of(args.repeat, lambda mk=mk: mk().write.format("noop")
+                               .mode("overwrite").save()) for name, mk in readers.items()}
+        return {"rows": args.rows, "counts": counts, "seconds": times,
+                "rows_per_s": {k: args.rows / v for k, v in times.items()},
+                "ratio_vs_noop": times["noop-source"] / times["kafkalog"],
+                "ratio_vs_parquet": times["parquet"] / times["kafkalog"]}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_spark_write(args) -> Dict[str, object]:
+    spark = _session()
+    tmp = tempfile.mkdtemp(prefix="kafkalog-bench-")
+    try:
+        src = (spark.read.format("bench_noop").option("rows", args.rows)
+               .option("partitions", args.partitions).option("value_bytes", args.value_bytes)
+               .load().select("key", "value", "timestamp").cache())
+        src.count()
+        from pyspark_kafkalog.admin import Admin
+        url = os.path.join(tmp, "cluster")
+        Admin(url).create_topic("bench", args.partitions,
+                                configs={"segment.bytes": 256 << 20, "compression.type": args.codec})
+        n = [0]
+
+        def parquet():
+            n[0] += 1
+            src.write.parquet(os.path.join(tmp, f"pq{n[0]}"))
+
+        writers = {
+            "kafkalog": lambda: src.write.format("kafkalog").option("topic", "bench")
+            .mode("append").save(url),
+            "noop-sink": lambda: src.write.format("bench_noop").mode("append").save(),
+            "parquet": parquet,
+        }
+        times = {name: best_of(args.repeat, fn) for name, fn in writers.items()}
+        written = Admin(url).describe_topic("bench").partitions
+        return {"rows": args.rows, "seconds": times,
+                "rows_per_s": {k: args.rows / v for k, v in times.items()},
+                "kafkalog_rows_written": sum(p.high_watermark for p in written),
+                "ratio_vs_noop": times["noop-sink"] / times["kafkalog"],
+                "ratio_vs_parquet": times["parquet"] / times["kafkalog"]}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--value-bytes", type=int, default=100)
+    p.add_argument("--codec", default="lz4")
+    p.add_argument("--repeat", type=int, default=3)
+
+
+def render(name: str, result: Dict[str, object]) -> str:
+    lines = [f"{name.upper()}: {result['rows']:,} rows; best of the repeats; throughput ratio "
+             "kafkalog/baseline (>1: kafkalog faster)"]
+    for k, s in result["seconds"].items():
+        lines.append(f"  {k:<12} {s:8.3f} s  {result['rows_per_s'][k]:>14,.0f} rows/s")
+    lines.append(f"  ratio vs no-op: {result['ratio_vs_noop']:.2f}x   "
+                 f"ratio vs Parquet: {result['ratio_vs_parquet']:.2f}x")
+    return "\n".join(lines)
+
