@@ -14,28 +14,11 @@ def wrap_int64(n: int) -> int:
     return ((n + 2**63) % 2**64) - 2**63
 
 
-def zigzag_encode(n: int) -> int:
-    return (n << 1) ^ (n >> 63)
-
-
-def zigzag_decode(n: int) -> int:
-    return (n >> 1) ^ -(n & 1)
-
-
 def encode_varint(n: int) -> bytes:
     """Signed (zig-zag) varint; Kafka's ``writeVarint``/``writeVarlong``."""
     v = ((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF
     if v < 0x80:
         return bytes((v,))
-    out = bytearray()
-    while v >= 0x80:
-        out.append((v & 0x7F) | 0x80)
-        v >>= 7
-    out.append(v)
-    return bytes(out)
-
-
-def encode_unsigned_varint(v: int) -> bytes:
     out = bytearray()
     while v >= 0x80:
         out.append((v & 0x7F) | 0x80)
@@ -65,12 +48,3 @@ def decode_varint(buf, pos: int, limit: int | None = None) -> tuple[int, int]:
         if shift > 63:
             raise CorruptRecordError("varint longer than 10 bytes")
     return (result >> 1) ^ -(result & 1), pos
-
-
-def varint_size(n: int) -> int:
-    v = ((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF
-    size = 1
-    while v >= 0x80:
-        v >>= 7
-        size += 1
-    return size
