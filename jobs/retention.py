@@ -35,11 +35,16 @@ def run(url: str, *, dry_run: bool = False, now_ms=None, spark=None,
     plans = fan_out(spark, cluster.partitions(state), plan, min_partitions_for_spark)
     if dry_run or not plans:
         return plans
-    _, state, _ = cluster.submit([{"op": "set_log_start", "principal": None, "reason": "retention",
-                                   "partitions": {tp_key(p["topic"], p["partition"]):
-                                                  p["new_log_start_offset"] for p in plans}}])
+    _, state, results = cluster.submit([{
+        "op": "set_log_start", "principal": None, "reason": "retention",
+        "topic_ids": {p["topic"]: p["topic_id"] for p in plans if p["topic_id"]},
+        "partitions": {tp_key(p["topic"], p["partition"]): p["new_log_start_offset"]
+                       for p in plans}}])
+    outcome = results[0].get("partitions", {})
     snap = state.to_snapshot()
-    by_tp = {(p["topic"], p["partition"]): p["segments"] for p in plans}
+    # a partition whose topic was deleted or recreated since planning is left alone
+    by_tp = {(p["topic"], p["partition"]): p["segments"] for p in plans
+             if outcome.get(tp_key(p["topic"], p["partition"]), {}).get("error") == "NONE"}
 
     def delete(parts):
         c = Cluster(url, create=False)

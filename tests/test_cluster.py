@@ -291,3 +291,19 @@ def test_groups_commit_describe_reset(admin):
     assert admin.list_groups() == ["g"]
     admin.delete_group("g")
     assert admin.list_groups() == []
+
+
+def test_retention_planned_before_a_topic_was_recreated_touches_nothing(admin):
+    from pyspark_kafkalog.cluster.maintenance import apply_retention, plan_retention
+    admin.create_topic("t", configs={"retention.ms": 1000, "segment.bytes": 100})
+    for i in range(3):
+        admin.produce("t", [Record(b"k", b"v" * 40, 10_000 * (i + 1))])
+    plans = plan_retention(admin.cluster, admin.cluster.state(), 35_500)
+    assert plans and plans[0].segments
+    admin.delete_topic("t")
+    admin.create_topic("t", configs={"segment.bytes": 100})
+    for i in range(3):
+        admin.produce("t", [Record(b"k", b"w" * 40, 10_000 * (i + 1))])
+    apply_retention(admin.cluster, plans)
+    assert [r.offset for r in admin.consume("t")] == [0, 1, 2]
+    assert admin.describe_topic("t").partitions[0].log_start_offset == 0

@@ -37,6 +37,7 @@ class RetentionPlan:
     segments: List[int] = field(default_factory=list)     # base offsets to delete
     bytes: int = 0
     reason: str = ""
+    topic_id: str = ""      # the incarnation planned against: a recreated topic is left alone
 
 
 def _segments(cluster, state: ClusterState, topic: str, partition: int) -> List[LogSegment]:
@@ -157,7 +158,7 @@ def _plan_partition(cluster, state: ClusterState, topic: str, partition: int,
     return RetentionPlan(topic, partition, ps.log_start_offset,
                          max(new_lso, ps.log_start_offset),
                          [s.base_offset for s in segs[:cut]], sum(sizes[:cut]),
-                         ",".join(sorted(reasons)))
+                         ",".join(sorted(reasons)), state.topics[topic]["topic_id"])
 
 
 def apply_retention(cluster, plans: List[RetentionPlan]) -> ClusterState:
@@ -166,12 +167,14 @@ def apply_retention(cluster, plans: List[RetentionPlan]) -> ClusterState:
     if not plans:
         return state
     # retention is the cluster's own policy, not a user's request: no principal, no ACL check
-    _, state, _ = cluster.submit([{"op": "set_log_start", "principal": None, "reason": "retention",
-                                   "partitions": {tp_key(p.topic, p.partition):
-                                                  p.new_log_start_offset for p in plans}}])
+    _, state, results = cluster.submit([{
+        "op": "set_log_start", "principal": None, "reason": "retention",
+        "topic_ids": {p.topic: p.topic_id for p in plans if p.topic_id},
+        "partitions": {tp_key(p.topic, p.partition): p.new_log_start_offset for p in plans}}])
+    outcome = results[0].get("partitions", {})
     for p in plans:
-        if state.partition(p.topic, p.partition) is None:
-            continue
+        if outcome.get(tp_key(p.topic, p.partition), {}).get("error") != "NONE":
+            continue   # deleted, recreated or otherwise changed since planning: touch nothing
         # segments wholly below the new log start offset are no longer visible: delete them
         d = cluster.partition_dir(p.topic, p.partition, state=state)
         for base in p.segments:

@@ -360,6 +360,11 @@ class ClusterState:
             if p is None:
                 out[key] = _err("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key}")
                 continue
+            expected_id = (a.get("topic_ids") or {}).get(topic)
+            if expected_id is not None and self.topics[topic]["topic_id"] != expected_id:
+                out[key] = _err("UNKNOWN_TOPIC_OR_PARTITION",
+                                f"topic {topic!r} was recreated (topic id changed)")
+                continue
             if principal is not None and not self.authorized(principal, topic, "DELETE"):
                 out[key] = _err("TOPIC_AUTHORIZATION_FAILED",
                                 f"{principal} may not delete records of {topic!r}")
