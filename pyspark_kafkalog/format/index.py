@@ -159,6 +159,15 @@ def decode_offset_index(buf, base_offset: int) -> tuple[np.ndarray, np.ndarray]:
     return rel + base, pos
 
 
+def _check_relative_range(offsets: np.ndarray, base: int) -> None:
+    """Every offset must fit a 32-bit relative offset; checked against the offsets themselves so
+    that huge values cannot wrap in int64 math."""
+    if offsets.min() < base or offsets.max() - base > _INT32_MAX:
+        bad = offsets[(offsets < base) | (offsets - base > _INT32_MAX)][0]
+        raise LogSegmentOffsetOverflowError(
+            f"offset {bad} does not fit a 32-bit relative offset from base offset {base}")
+
+
 def encode_offset_entry(offset: int, position: int, base_offset: int) -> bytes:
     """One ``.index`` entry, for appending to an index as a segment grows."""
     base = _base(base_offset)
@@ -175,11 +184,7 @@ def encode_offset_index(entries: Iterable[tuple[int, int]], base_offset: int) ->
     arr = _as_pairs(entries, "offset index")
     offsets, pos = arr[:, 0], arr[:, 1]
     if arr.size:
-        # Checked against the offsets themselves so that huge values cannot wrap in int64 math.
-        if offsets.min() < base or offsets.max() - base > _INT32_MAX:
-            bad = offsets[(offsets < base) | (offsets - base > _INT32_MAX)][0]
-            raise LogSegmentOffsetOverflowError(
-                f"offset {bad} does not fit a 32-bit relative offset from base offset {base}")
+        _check_relative_range(offsets, base)
         if (bad := np.diff(offsets) <= 0).any():
             i = _first_bad(bad) + 1
             raise InvalidRecordError(f"offset index entry {i}: offset {offsets[i]} is not above "
@@ -275,10 +280,7 @@ def encode_time_index(entries: Iterable[tuple[int, int]], base_offset: int) -> b
     arr = _as_pairs(entries, "time index")
     ts, offsets = arr[:, 0], arr[:, 1]
     if arr.size:
-        if offsets.min() < base or offsets.max() - base > _INT32_MAX:
-            bad = offsets[(offsets < base) | (offsets - base > _INT32_MAX)][0]
-            raise LogSegmentOffsetOverflowError(
-                f"offset {bad} does not fit a 32-bit relative offset from base offset {base}")
+        _check_relative_range(offsets, base)
         if (np.diff(ts) < 0).any() or (np.diff(offsets) < 0).any():
             raise InvalidRecordError("time index timestamps and offsets must both be "
                                      "non-decreasing")
