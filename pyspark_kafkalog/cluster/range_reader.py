@@ -24,11 +24,12 @@ from typing import Iterator, Optional
 from ..errors import CorruptRecordError, OffsetOutOfRangeError, StorageNotFoundError
 from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC_OFFSET, RECORD_OVERHEAD_V0,
                             V2_HEADER_SIZE, read_header)
-from ..format.columnar import decode_columns, to_arrow
+from ..format.arrow_decode import decode_spark_arrays
+from ..format.columnar import arrow_arrays, decode_columns
 from ..log.segment import ReadStats
 from ..log.transactions import aborted_mask
 
-DEFAULT_MAX_BYTES = 4 << 20
+DEFAULT_MAX_BYTES = 1 << 20
 
 
 def arrow_schema(include_headers: bool):
@@ -100,59 +101,142 @@ def _whole_entries(data, end: int):
     return pos, last_offset
 
 
-def _read_chunk(seg, offset: int, end: int, max_bytes: int):
-    """Whole entries from the one holding ``offset``: ``(bytes, last offset)`` or None."""
+def _read_bytes(seg, start: int, stop: int):
+    """``[start, stop)`` of the segment in a buffer from Arrow's memory pool.
+
+    Why not ``seg.read``: a multi-megabyte ``bytes`` per chunk is a fresh allocation that the
+    C allocator maps and unmaps each time, and its page faults cost as much as decoding the
+    chunk. Arrow's pool keeps its pages."""
+    import pyarrow as pa
+    return seg.read_into(start, pa.allocate_buffer(max(stop - start, 0)))
+
+
+def _read_chunk(seg, offset: int, end: int, max_bytes: int, position: Optional[int] = None):
+    """Whole entries from the one holding ``offset``: ``(bytes, start position, last offset)``
+    or None.
+
+    ``position``, when known, is where the previous chunk of this segment stopped: the entry
+    there is the next one, so no index lookup and header walk (an extra storage request) is
+    needed. If a single entry there is larger than ``max_bytes``, its header is read to size it.
+    """
+    size = seg.size()
+    if position is not None and position < size:
+        stop = _end_bound(seg, end, min(size, position + max_bytes))
+        data = _read_bytes(seg, position, stop)
+        length, last_offset = _whole_entries(data, end)
+        if length:
+            return data[:length], position, last_offset
     first = seg.find_batch(offset)
     if first is None:
         return None
-    stop = _end_bound(seg, end, min(seg.size(), first.position + max_bytes))
-    data = seg.read(first.position, max(stop, first.end))
+    stop = _end_bound(seg, end, min(size, first.position + max_bytes))
+    data = _read_bytes(seg, first.position, max(stop, first.end))
     length, last_offset = _whole_entries(data, end)
     if not length:
         return None
-    return (data if length == len(data) else memoryview(data)[:length]), last_offset
+    return data[:length], first.position, last_offset
+
+
+_MAX_MS = (1 << 63) // 1000   # |ms| below this fits Spark's microsecond timestamps
+
+
+class _Constants:
+    """The ``topic`` and ``partition`` columns, built once per range and sliced per batch."""
+
+    def __init__(self, topic: str, partition: int):
+        self.topic, self.partition, self._n = topic, partition, 0
+        self._topic = self._partition = None
+
+    def get(self, n: int):
+        import numpy as np
+        import pyarrow as pa
+        if n > self._n:
+            self._n = max(n, 2 * self._n)
+            self._topic = pa.repeat(self.topic, self._n)
+            self._partition = pa.array(np.full(self._n, self.partition, dtype=np.int32))
+        return self._topic.slice(0, n), self._partition.slice(0, n)
+
+
+def _assemble(arrays: dict, offsets, consts: _Constants, schema, include_headers: bool,
+              start: Optional[int], end: Optional[int], mask=None):
+    """One Arrow record batch in Spark's schema from decoded ``arrays`` (key, value, offset,
+    timestamp in us, timestampType, headers), keeping ``start <= offset < end`` and, if given,
+    the rows ``mask`` does not drop. Arrays are sliced, never concatenated."""
+    import pyarrow as pa
+    import numpy as np
+    lo, hi = 0, len(offsets)
+    if start is not None:
+        lo = int(np.searchsorted(offsets, start, side="left"))
+    if end is not None:
+        hi = max(lo, int(np.searchsorted(offsets, end, side="left")))
+    n = hi - lo
+    if n <= 0:
+        return None
+    names = ["key", "value", None, None, "offset", "timestamp", "timestampType"]
+    if include_headers:
+        names.append("headers")
+    topic, partition = consts.get(n)
+    columns = []
+    for name in names:
+        if name is None:
+            columns.append(topic if not columns[2:] else partition)
+            continue
+        col = arrays[name]
+        columns.append(col if (lo, hi) == (0, len(offsets)) else col.slice(lo, n))
+    batch = pa.RecordBatch.from_arrays(columns, schema=schema)
+    if mask is not None:
+        keep = mask[lo:hi]
+        if not keep.all():
+            batch = batch.filter(pa.array(keep))
+    return batch if batch.num_rows else None
 
 
 def to_record_batch(cols, topic: str, partition: int, schema, include_headers: bool,
-                    aborted=(), start: Optional[int] = None, end: Optional[int] = None):
+                    aborted=(), start: Optional[int] = None, end: Optional[int] = None,
+                    consts: Optional[_Constants] = None):
     """Decoded columns -> one Arrow record batch in Spark's Kafka schema, keeping the rows
     with ``start <= offset < end`` (offsets ascend within a partition); None if no rows."""
     import numpy as np
     import pyarrow as pa
 
-    table = to_arrow(cols, with_headers=include_headers, batch_fields=bool(aborted))
-    if start is not None or end is not None:
-        offsets = np.frombuffer(cols.offset, dtype=np.int64)
-        lo = 0 if start is None else int(np.searchsorted(offsets, start, side="left"))
-        hi = len(offsets) if end is None else int(np.searchsorted(offsets, end, side="left"))
-        if (lo, hi) != (0, len(offsets)):
-            table = table.slice(lo, max(hi - lo, 0))
-    if aborted:
-        mask = aborted_mask(table.column("producerId").to_numpy(),
-                            table.column("offset").to_numpy(),
-                            table.column("isTransactional").to_numpy(zero_copy_only=False),
-                            aborted)
-        if mask.any():
-            table = table.filter(pa.array(~mask))
-    n = table.num_rows
-    if n == 0:
-        return None
-
-    def col(name):
-        return table.column(name).combine_chunks()
-
-    timestamps = col("timestamp").cast(pa.timestamp("ms", tz="UTC"))
-    try:
-        timestamps = timestamps.cast(pa.timestamp("us", tz="UTC"))
-    except pa.ArrowInvalid as exc:
+    arrays = arrow_arrays(cols, with_headers=include_headers, batch_fields=bool(aborted))
+    offsets = np.frombuffer(cols.offset, dtype=np.int64)
+    lo = 0 if start is None else int(np.searchsorted(offsets, start, side="left"))
+    hi = len(offsets) if end is None else int(np.searchsorted(offsets, end, side="left"))
+    ms = np.frombuffer(cols.timestamp, dtype=np.int64)
+    kept = ms[lo:max(lo, hi)]
+    if len(kept) and (int(kept.min()) <= -_MAX_MS or int(kept.max()) >= _MAX_MS):
         raise CorruptRecordError(f"{topic}-{partition}: a record timestamp does not fit Spark's "
-                                 f"timestamp type ({exc})") from None
-    arrays = [col("key"), col("value"), pa.repeat(topic, n),
-              pa.array(np.full(n, partition, dtype=np.int32)), col("offset"), timestamps,
-              col("timestampType")]
+                                 "timestamp type (microseconds in a 64-bit integer)")
+    # rows outside [lo, hi) are sliced away: only the kept ones must fit Spark's type
+    us = np.where((ms > -_MAX_MS) & (ms < _MAX_MS), ms, 0) * 1000
+    arrays["timestamp"] = pa.array(us, pa.timestamp("us", tz="UTC"))
     if include_headers:
-        arrays.append(col("headers").cast(schema.field("headers").type))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        arrays["headers"] = arrays["headers"].cast(schema.field("headers").type)
+    mask = None
+    if aborted and len(offsets):
+        mask = ~aborted_mask(arrays["producerId"].to_numpy(), offsets,
+                             arrays["isTransactional"].to_numpy(zero_copy_only=False), aborted)
+    return _assemble(arrays, offsets, consts or _Constants(topic, partition), schema,
+                     include_headers, start, end, mask)
+
+
+def _decode(data, task, include_headers: bool, schema, consts: _Constants, start: int, end: int):
+    """One chunk of whole entries -> a record batch (or None): the fast Arrow route when it
+    takes the chunk, else the general decoder (which also raises any corruption)."""
+    if not task.aborted:
+        arrays = decode_spark_arrays(data, with_headers=include_headers)
+        if arrays is not None:
+            import numpy as np
+            offsets = np.frombuffer(arrays["offset"].buffers()[1], dtype=np.int64,
+                                    count=arrays["rows"])
+            return _assemble(arrays, offsets, consts, schema, include_headers, start, end)
+    cols = decode_columns(data, skip_control=True, with_headers=include_headers)
+    if not len(cols):
+        return None
+    handle = task.handle
+    return to_record_batch(cols, handle.topic, handle.partition, schema, include_headers,
+                           task.aborted, start, end, consts)
 
 
 def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
@@ -175,8 +259,10 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
         if fail_on_data_loss:
             raise lost(f"offsets from {offset} to {log.log_start_offset} were deleted")
         offset = log.log_start_offset
+    consts = _Constants(handle.topic, handle.partition)
     segments = log.segments
     i = log.segment_for(offset) or 0
+    position = None   # where the next entry of segments[i] starts, once a chunk was read there
     while offset < end:
         # offsets the plan promised but no listed segment holds were deleted since planning
         gap_end = end if i >= len(segments) else min(end, segments[i].base_offset)
@@ -190,30 +276,27 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
             break
         seg = segments[i]
         if i + 1 < len(segments) and segments[i + 1].base_offset <= offset:
-            i += 1
+            i, position = i + 1, None
             continue
         try:
-            chunk = _read_chunk(seg, offset, end, max_bytes)
+            chunk = _read_chunk(seg, offset, end, max_bytes, position)
         except StorageNotFoundError:
             if fail_on_data_loss:
                 raise lost(f"segment {seg.log_path} (offsets from {seg.base_offset}) was "
                            "deleted") from None
-            i += 1
+            i, position = i + 1, None
             continue
         if chunk is None:
-            i += 1
+            i, position = i + 1, None
             continue
-        data, last_offset = chunk
+        data, start_position, last_offset = chunk
         if last_offset < offset:
             raise CorruptRecordError(f"{seg.log_path}: offsets stop increasing at {last_offset} "
                                      f"(reading from {offset}); run `kafkalog recover`")
+        position = start_position + len(data)
         # whole batches, trimmed to [offset, end) afterwards as Arrow slices: the decoder's
         # own min/max trimming walks rows in Python
-        cols = decode_columns(data, skip_control=True, with_headers=include_headers)
-        lo = offset
+        batch = _decode(data, task, include_headers, schema, consts, offset, end)
         offset = last_offset + 1
-        if len(cols):
-            batch = to_record_batch(cols, handle.topic, handle.partition, schema,
-                                    include_headers, task.aborted, lo, end)
-            if batch is not None:
-                yield batch
+        if batch is not None:
+            yield batch

@@ -202,17 +202,151 @@ add_overflows(int64_t a, int64_t b, int64_t *out)
         else pos += (len);                                  \
     } while (0)
 
+/* -- where parsed records go ------------------------------------------------------------
+ *
+ * One parser serves three sinks, so the rules for what is valid exist once:
+ *   S_ROWS   spans into scratch Rows/Headers (scan_v2, appended to a Columns afterwards);
+ *   S_COUNT  totals only (scan_v2_arrow's first pass: sizes its output buffers exactly);
+ *   S_FILL   Arrow-layout buffers sized by S_COUNT (scan_v2_arrow's second pass).
+ */
+
+enum { S_ROWS, S_COUNT, S_FILL };
+
+/* |ms| below this fits Spark's microsecond timestamps (2**63 // 1000) */
+#define MAX_MS ((int64_t)9223372036854775LL)
+
+typedef struct {
+    /* S_COUNT totals */
+    Py_ssize_t rows, kbytes, vbytes, knulls, vnulls, hdrs, hkbytes, hvbytes, hvnulls;
+    int ts_out_of_range;
+    /* S_FILL outputs (Arrow layouts: int32 offsets from 0, LSB-first validity bits) */
+    int64_t *offset, *ts_us;
+    int32_t *ts_type, *koffs, *voffs, *hoffs, *hkoffs, *hvoffs;
+    uint8_t *kdata, *vdata, *hkdata, *hvdata, *kvalid, *vvalid, *hvvalid;
+    Py_ssize_t r, k, v, h, hk, hv;   /* S_FILL cursors */
+    int32_t batch_ts_type;
+} Out;
+
+typedef struct {
+    int mode;
+    Rows *rows;
+    Headers *hdrs;
+    Out *out;
+} Sink;
+
+static inline int
+emit_header(Sink *s, const uint8_t *b, int64_t kstart, int64_t klen, int64_t vstart, int64_t vlen)
+{
+    if (s->mode == S_ROWS) {
+        Headers *hdrs = s->hdrs;
+        if (hdrs->n == hdrs->cap && headers_reserve(hdrs, hdrs->n + 1))
+            return -1;
+        hdrs->kstart[hdrs->n] = kstart;
+        hdrs->klen[hdrs->n] = klen;
+        hdrs->vstart[hdrs->n] = vstart;
+        hdrs->vlen[hdrs->n] = vlen < 0 ? -1 : vlen;
+        hdrs->n++;
+        return 0;
+    }
+    Out *o = s->out;
+    if (s->mode == S_COUNT) {
+        o->hdrs++;
+        o->hkbytes += (Py_ssize_t)klen;
+        if (vlen >= 0)
+            o->hvbytes += (Py_ssize_t)vlen;
+        else
+            o->hvnulls++;
+        return 0;
+    }
+    Py_ssize_t h = o->h++;
+    memcpy(o->hkdata + o->hk, b + kstart, (size_t)klen);
+    o->hk += (Py_ssize_t)klen;
+    o->hkoffs[h + 1] = (int32_t)o->hk;
+    if (vlen >= 0) {
+        memcpy(o->hvdata + o->hv, b + vstart, (size_t)vlen);
+        o->hv += (Py_ssize_t)vlen;
+        o->hvvalid[h >> 3] |= (uint8_t)(1u << (h & 7));
+    }
+    else
+        o->hvnulls++;
+    o->hvoffs[h + 1] = (int32_t)o->hv;
+    return 0;
+}
+
+static inline int
+emit_row(Sink *s, const uint8_t *b, int64_t offset, int64_t ts, int64_t kstart, int64_t klen,
+         int64_t vstart, int64_t vlen, int32_t nh)
+{
+    if (s->mode == S_ROWS) {
+        Rows *rows = s->rows;
+        if (rows->n == rows->cap && rows_reserve(rows, rows->n + 1))
+            return -1;
+        Py_ssize_t r = rows->n++;
+        rows->offset[r] = offset;
+        rows->timestamp[r] = ts;
+        rows->kstart[r] = kstart;
+        rows->klen[r] = klen < 0 ? -1 : klen;
+        rows->vstart[r] = vstart;
+        rows->vlen[r] = vlen < 0 ? -1 : vlen;
+        rows->hcount[r] = nh;
+        return 0;
+    }
+    Out *o = s->out;
+    if (s->mode == S_COUNT) {
+        o->rows++;
+        if (klen >= 0)
+            o->kbytes += (Py_ssize_t)klen;
+        else
+            o->knulls++;
+        if (vlen >= 0)
+            o->vbytes += (Py_ssize_t)vlen;
+        else
+            o->vnulls++;
+        if (ts <= -MAX_MS || ts >= MAX_MS)
+            o->ts_out_of_range = 1;
+        return 0;
+    }
+    Py_ssize_t r = o->r++;
+    if (ts <= -MAX_MS || ts >= MAX_MS) {
+        o->ts_out_of_range = 1;
+        ts = 0;
+    }
+    o->offset[r] = offset;
+    o->ts_us[r] = ts * 1000;
+    o->ts_type[r] = o->batch_ts_type;
+    if (klen >= 0) {
+        memcpy(o->kdata + o->k, b + kstart, (size_t)klen);
+        o->k += (Py_ssize_t)klen;
+        o->kvalid[r >> 3] |= (uint8_t)(1u << (r & 7));
+    }
+    else
+        o->knulls++;
+    o->koffs[r + 1] = (int32_t)o->k;
+    if (vlen >= 0) {
+        memcpy(o->vdata + o->v, b + vstart, (size_t)vlen);
+        o->v += (Py_ssize_t)vlen;
+        o->vvalid[r >> 3] |= (uint8_t)(1u << (r & 7));
+    }
+    else
+        o->vnulls++;
+    o->voffs[r + 1] = (int32_t)o->v;
+    if (o->hoffs != NULL)
+        o->hoffs[r + 1] = o->hoffs[r] + nh;
+    return 0;
+}
+
 static Failure
 parse(const uint8_t *b, Py_ssize_t end, long long count, int64_t base_offset, int64_t base_ts,
-      int log_append, int64_t max_ts, int with_headers, Rows *rows, Headers *hdrs)
+      int log_append, int64_t max_ts, int with_headers, Sink *sink)
 {
     Failure f = {E_OK, 0};
     Py_ssize_t pos = 0;
     int offset_overflow = 0;
     /* each record takes at least 7 bytes, so a count beyond that bound can only fail */
     Py_ssize_t bound = end / 7 + 1;
-    if (rows_reserve(rows, (Py_ssize_t)(count < bound ? (count < 65536 ? count : 65536)
-                                                       : (bound < 65536 ? bound : 65536)))) {
+    if (sink->mode == S_ROWS &&
+        rows_reserve(sink->rows, (Py_ssize_t)(count < bound ? (count < 65536 ? count : 65536)
+                                                             : (bound < 65536 ? bound : 65536)))) {
         f.code = E_NOMEM;
         return f;
     }
@@ -263,15 +397,10 @@ parse(const uint8_t *b, Py_ssize_t end, long long count, int64_t base_offset, in
                         break;
                     }
                 }
-                if (hdrs->n == hdrs->cap && headers_reserve(hdrs, hdrs->n + 1)) {
+                if (emit_header(sink, b, hk_start, hk_len, pos, hv_len) < 0) {
                     f.code = E_NOMEM;
                     return f;
                 }
-                hdrs->kstart[hdrs->n] = hk_start;
-                hdrs->klen[hdrs->n] = hk_len;
-                hdrs->vstart[hdrs->n] = pos;
-                hdrs->vlen[hdrs->n] = hv_len < 0 ? -1 : hv_len;
-                hdrs->n++;
             }
             if (hv_len >= 0)
                 SKIP(hv_len);
@@ -280,22 +409,17 @@ parse(const uint8_t *b, Py_ssize_t end, long long count, int64_t base_offset, in
             f.code = E_FIELDS;
             return f;
         }
-        if (rows->n == rows->cap && rows_reserve(rows, rows->n + 1)) {
+        int64_t offset;
+        if (add_overflows(base_offset, off_delta, &offset)) {
+            offset_overflow = 1;
+            offset = 0;
+        }
+        int64_t ts = log_append ? max_ts : (int64_t)((uint64_t)base_ts + (uint64_t)ts_delta);
+        if (emit_row(sink, b, offset, ts, kstart, klen, vstart, vlen,
+                     with_headers ? (int32_t)nh : 0) < 0) {
             f.code = E_NOMEM;
             return f;
         }
-        Py_ssize_t r = rows->n++;
-        if (add_overflows(base_offset, off_delta, &rows->offset[r])) {
-            offset_overflow = 1;
-            rows->offset[r] = 0;
-        }
-        rows->timestamp[r] = log_append ? max_ts
-                                        : (int64_t)((uint64_t)base_ts + (uint64_t)ts_delta);
-        rows->kstart[r] = kstart;
-        rows->klen[r] = klen < 0 ? -1 : klen;
-        rows->vstart[r] = vstart;
-        rows->vlen[r] = vlen < 0 ? -1 : vlen;
-        rows->hcount[r] = with_headers ? (int32_t)nh : 0;
     }
     if (pos != end) {
         f.code = E_TRAILING;
@@ -512,10 +636,11 @@ scan_v2(PyObject *Py_UNUSED(self), PyObject *args)
     max_ts = mt;
     Rows rows = {0};
     Headers hdrs = {0};
+    Sink sink = {S_ROWS, &rows, &hdrs, NULL};
     Failure fl;
     Py_BEGIN_ALLOW_THREADS
     fl = parse((const uint8_t *)blob.buf, blob.len, count, base_offset, base_ts, ts_type == 1,
-               max_ts, with_headers, &rows, &hdrs);
+               max_ts, with_headers, &sink);
     Py_END_ALLOW_THREADS
     PyObject *result = NULL;
     if (fl.code != E_OK)
@@ -528,8 +653,175 @@ scan_v2(PyObject *Py_UNUSED(self), PyObject *args)
     return result;
 }
 
+/* -- scan_v2_arrow: a run of batches straight into Arrow buffers -------------------------- */
+
+typedef struct {
+    Py_buffer blob;
+    long long count, base_offset, base_ts, max_ts;
+    int ts_type;
+} Item;
+
+/* A writable buffer of `size` bytes from the `allocate` callable (Arrow's pool, in practice),
+ * kept in `objs` for the result; NULL with an exception set on failure. */
+static uint8_t *
+take_buffer(PyObject *allocate, Py_ssize_t size, PyObject **obj, Py_buffer *view)
+{
+    *obj = PyObject_CallFunction(allocate, "n", size);
+    if (*obj == NULL)
+        return NULL;
+    if (PyObject_GetBuffer(*obj, view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (view->len < size) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "allocate() returned a buffer that is too small");
+        return NULL;
+    }
+    return (uint8_t *)view->buf;
+}
+
+enum { B_OFFSET, B_TS, B_TS_TYPE, B_KVALID, B_KOFFS, B_KDATA, B_VVALID, B_VOFFS, B_VDATA,
+       B_HOFFS, B_HKOFFS, B_HKDATA, B_HVVALID, B_HVOFFS, B_HVDATA, NBUF };
+
+PyDoc_STRVAR(scan_v2_arrow_doc,
+"scan_v2_arrow(items, with_headers, allocate)\n--\n\n"
+"Decode a run of magic-2 batches into Arrow buffers sized exactly, in two passes (count, fill).\n"
+"``items``: a list of (blob, count, base_offset, base_ts, ts_type, max_ts) per batch.\n"
+"``allocate(n)``: a writable buffer of n bytes. Returns (rows, knulls, vnulls, hdrs, hvnulls,\n"
+"buffers) with buffers in the order offset, timestamp (us), timestampType (int32), key validity,\n"
+"key offsets (int32), key data, the same for value, then headers' list offsets, key offsets,\n"
+"key data, value validity, value offsets, value data (None without headers). Returns None when\n"
+"the run is not for this path: any record scan_v2 would reject, a timestamp outside Spark's\n"
+"range, or more than 2 GiB in one column.");
+
+static PyObject *
+scan_v2_arrow(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *items, *allocate;
+    int with_headers;
+    if (!PyArg_ParseTuple(args, "O!pO:scan_v2_arrow", &PyList_Type, &items, &with_headers,
+                          &allocate))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items), got = 0;
+    Item *it = (Item *)calloc((size_t)(n ? n : 1), sizeof(Item));
+    PyObject *objs[NBUF] = {NULL};
+    Py_buffer views[NBUF];
+    int have_view[NBUF] = {0};
+    PyObject *result = NULL;
+    if (it == NULL)
+        return PyErr_NoMemory();
+    for (; got < n; got++) {
+        Item *x = &it[got];
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(items, got), "y*LLLiL:scan_v2_arrow item",
+                              &x->blob, &x->count, &x->base_offset, &x->base_ts, &x->ts_type,
+                              &x->max_ts))
+            goto done;
+    }
+    Out o;
+    memset(&o, 0, sizeof(o));
+    Sink sink = {S_COUNT, NULL, NULL, &o};
+    int bad = 0;
+    if (with_headers) {
+        /* headers are counted first: no cheap bound on how many there are */
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            Failure fl = parse((const uint8_t *)it[i].blob.buf, it[i].blob.len, it[i].count,
+                               it[i].base_offset, it[i].base_ts, it[i].ts_type == 1,
+                               it[i].max_ts, with_headers, &sink);
+            bad = fl.code != E_OK;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    else {
+        /* one pass: the header counts give the rows (each record takes at least 7 bytes, so a
+         * larger count can only fail), and keys and values are disjoint spans of the blobs, so
+         * the blobs' size bounds the bytes; Arrow's IPC writer sends only what offsets cover */
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            bad = it[i].count < 0 || it[i].count > it[i].blob.len / 7 + 1;
+            o.rows += (Py_ssize_t)it[i].count;
+            o.kbytes += it[i].blob.len;
+        }
+        o.vbytes = o.kbytes;
+    }
+    if (bad || o.ts_out_of_range || o.kbytes > INT32_MAX || o.vbytes > INT32_MAX ||
+        o.hkbytes > INT32_MAX || o.hvbytes > INT32_MAX || o.hdrs > INT32_MAX ||
+        o.rows > INT32_MAX) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_ssize_t rows = o.rows, bits = (rows + 7) / 8, hbits = (o.hdrs + 7) / 8;
+    Py_ssize_t sizes[NBUF] = {
+        rows * 8, rows * 8, rows * 4, bits, (rows + 1) * 4, o.kbytes, bits, (rows + 1) * 4,
+        o.vbytes, (rows + 1) * 4, (o.hdrs + 1) * 4, o.hkbytes, hbits, (o.hdrs + 1) * 4, o.hvbytes,
+    };
+    uint8_t *ptr[NBUF] = {NULL};
+    int nbuf = with_headers ? NBUF : B_HOFFS;
+    for (int i = 0; i < nbuf; i++) {
+        ptr[i] = take_buffer(allocate, sizes[i], &objs[i], &views[i]);
+        if (ptr[i] == NULL)
+            goto done;
+        have_view[i] = 1;
+    }
+    memset(ptr[B_KVALID], 0, (size_t)bits);
+    memset(ptr[B_VVALID], 0, (size_t)bits);
+    o.offset = (int64_t *)ptr[B_OFFSET];
+    o.ts_us = (int64_t *)ptr[B_TS];
+    o.ts_type = (int32_t *)ptr[B_TS_TYPE];
+    o.kvalid = ptr[B_KVALID];
+    o.koffs = (int32_t *)ptr[B_KOFFS];
+    o.kdata = ptr[B_KDATA];
+    o.vvalid = ptr[B_VVALID];
+    o.voffs = (int32_t *)ptr[B_VOFFS];
+    o.vdata = ptr[B_VDATA];
+    o.koffs[0] = o.voffs[0] = 0;
+    if (with_headers) {
+        memset(ptr[B_HVVALID], 0, (size_t)hbits);
+        o.hoffs = (int32_t *)ptr[B_HOFFS];
+        o.hkoffs = (int32_t *)ptr[B_HKOFFS];
+        o.hkdata = ptr[B_HKDATA];
+        o.hvvalid = ptr[B_HVVALID];
+        o.hvoffs = (int32_t *)ptr[B_HVOFFS];
+        o.hvdata = ptr[B_HVDATA];
+        o.hoffs[0] = o.hkoffs[0] = o.hvoffs[0] = 0;
+    }
+    sink.mode = S_FILL;
+    o.knulls = o.vnulls = o.hvnulls = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !bad; i++) {
+        o.batch_ts_type = it[i].ts_type;
+        Failure fl = parse((const uint8_t *)it[i].blob.buf, it[i].blob.len, it[i].count,
+                           it[i].base_offset, it[i].base_ts, it[i].ts_type == 1, it[i].max_ts,
+                           with_headers, &sink);
+        bad = fl.code != E_OK;
+    }
+    Py_END_ALLOW_THREADS
+    if (bad || o.ts_out_of_range || o.r != rows) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *bufs = PyTuple_New(NBUF);
+    if (bufs == NULL)
+        goto done;
+    for (int i = 0; i < NBUF; i++) {
+        PyObject *b = objs[i] != NULL ? objs[i] : Py_None;
+        Py_INCREF(b);
+        PyTuple_SET_ITEM(bufs, i, b);
+    }
+    result = Py_BuildValue("nnnnnN", rows, o.knulls, o.vnulls, o.hdrs, o.hvnulls, bufs);
+done:
+    for (int i = 0; i < NBUF; i++) {
+        if (have_view[i])
+            PyBuffer_Release(&views[i]);
+        Py_XDECREF(objs[i]);
+    }
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&it[i].blob);
+    free(it);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_v2", scan_v2, METH_VARARGS, scan_v2_doc},
+    {"scan_v2_arrow", scan_v2_arrow, METH_VARARGS, scan_v2_arrow_doc},
     {NULL, NULL, 0, NULL},
 };
 

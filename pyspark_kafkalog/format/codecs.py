@@ -143,6 +143,27 @@ def decompress(codec: int, data: bytes | memoryview, magic: int = 2, *,
             f"{CODEC_NAMES[codec]} payload does not decompress: {exc}") from exc
 
 
+def decompress_into(codec: int, data: bytes | memoryview, magic: int, allocate, *,
+                    max_output: int = MAX_OUTPUT):
+    """:func:`decompress`, with the output in a buffer from ``allocate(n)`` where the codec
+    allows (LZ4, block by block); other codecs return ``bytes`` as :func:`decompress` does.
+
+    Why: readers hold a run of decompressed batches at once, and fresh ``bytes`` of that size
+    are page-faulted in again for every run by the C allocator; a pool keeps its pages.
+    Accepts exactly what :func:`decompress` accepts (error messages may differ)."""
+    cramjam = _lib("cramjam", required=False) if codec == LZ4 else None
+    if cramjam is None:
+        return decompress(codec, data, magic, max_output=max_output)
+    check_codec(codec, magic)
+    try:
+        return _lz4_decompress_into(_byte_view(data), magic, max_output, allocate,
+                                    cramjam.lz4.decompress_block_into)
+    except (KafkaLogError, TypeError):
+        raise
+    except Exception as exc:
+        raise CorruptRecordError(f"lz4 payload does not decompress: {exc}") from exc
+
+
 def _corrupt(codec: str, why: str) -> CorruptRecordError:
     return CorruptRecordError(f"{codec} payload does not decompress: {why}")
 
@@ -319,10 +340,13 @@ def _lz4_compress(view: memoryview, magic: int, level: int | None) -> bytes:
     return b"".join(parts)
 
 
-def _lz4_decompress(view: memoryview, magic: int, limit: int) -> bytes:
-    """Mirror Lz4BlockInputStream: the header checksum is ignored for magic 0 (old writers got it
-    wrong) and verified otherwise; an 8-byte content size is skipped; block checksums are verified;
-    the content checksum is skipped unverified; bytes after the end mark are ignored."""
+def _lz4_blocks(view: memoryview, magic: int):
+    """Walk a frame as Lz4BlockInputStream does: ``(max block size, [(block, stored raw)],
+    most bytes the blocks can decode to)``.
+
+    The header checksum is ignored for magic 0 (old writers got it wrong) and verified
+    otherwise; an 8-byte content size is skipped; block checksums are verified; the content
+    checksum is skipped unverified; bytes after the end mark are ignored."""
     n = len(view)
     if n < 6:
         raise _corrupt("lz4", "stream ended prematurely")
@@ -338,22 +362,23 @@ def _lz4_decompress(view: memoryview, magic: int, limit: int) -> bytes:
     pos = 14 if flg & 0x08 else 6
     if pos >= n:
         raise _corrupt("lz4", "stream ended prematurely")
-    if magic != 0 and view[pos] != (xxh32(view[4:pos]) >> 8) & 0xFF:
+    if magic != 0 and view[pos] != _lz4_header_checksum(view[4:pos]):
         raise _corrupt("lz4", "frame descriptor checksum mismatch")
     pos += 1
-    block = _lib("lz4.block")
     checked = flg & 0x10
-    parts, total = [], 0
+    blocks = []
+    capacity = 0
+    unpack = _LE_UINT.unpack_from
     while True:
         if n - pos < 4:
             raise _corrupt("lz4", "stream ended prematurely")
-        word = _LE_UINT.unpack_from(view, pos)[0]
+        word = unpack(view, pos)[0]
         pos += 4
-        size = word & ~_LZ4_UNCOMPRESSED
+        size = word & 0x7FFFFFFF
         if size == 0:
             if flg & 0x04 and n - pos < 4:
                 raise _corrupt("lz4", "content checksum missing")
-            break
+            return max_block, blocks, capacity
         if size > max_block:
             raise _corrupt("lz4", f"block size {size} exceeds max {max_block}")
         if n - pos < size + (4 if checked else 0):
@@ -361,18 +386,64 @@ def _lz4_decompress(view: memoryview, magic: int, limit: int) -> bytes:
         chunk = view[pos:pos + size]
         pos += size
         if checked:
-            if _block_xxh32(chunk) != _LE_UINT.unpack_from(view, pos)[0]:
+            if _block_xxh32(chunk) != unpack(view, pos)[0]:
                 raise _corrupt("lz4", "block checksum mismatch")
             pos += 4
-        if word & _LZ4_UNCOMPRESSED:
-            out = bytes(chunk)
-        else:
-            out = block.decompress(chunk, uncompressed_size=max_block)
+        raw = word >= _LZ4_UNCOMPRESSED
+        # LZ4 expands a block at most ~255 times: capacity follows the input, not max_block only
+        capacity += size if raw else min(max_block, 255 * size + 64)
+        blocks.append((chunk, raw))
+
+
+_LZ4_HEADER_CHECKSUMS: dict = {}
+
+
+def _lz4_header_checksum(descriptor) -> int:
+    """Second byte of xxh32 over the frame descriptor; the few descriptors seen are cached
+    (the pure-Python xxh32 would otherwise run once per batch)."""
+    key = bytes(descriptor)
+    got = _LZ4_HEADER_CHECKSUMS.get(key)
+    if got is None:
+        got = (xxh32(key) >> 8) & 0xFF
+        if len(_LZ4_HEADER_CHECKSUMS) < 64:
+            _LZ4_HEADER_CHECKSUMS[key] = got
+    return got
+
+
+def _lz4_decompress(view: memoryview, magic: int, limit: int) -> bytes:
+    max_block, blocks, _ = _lz4_blocks(view, magic)
+    decompress = _lib("lz4.block").decompress
+    parts, total = [], 0
+    for chunk, raw in blocks:
+        out = bytes(chunk) if raw else decompress(chunk, uncompressed_size=max_block)
         total += len(out)
         if total > limit:
             raise _too_big("lz4", limit)
         parts.append(out)
     return _join(parts)
+
+
+def _lz4_decompress_into(view: memoryview, magic: int, limit: int, allocate, into) -> memoryview:
+    """:func:`_lz4_decompress` into one buffer from ``allocate``, block by block (``into`` is
+    cramjam's ``decompress_block_into``), with no intermediate ``bytes``."""
+    max_block, blocks, capacity = _lz4_blocks(view, magic)
+    out = memoryview(allocate(min(capacity, limit + 1))).cast("B")
+    size = len(out)
+    total = 0
+    for chunk, raw in blocks:
+        room = size - total
+        if room > max_block:
+            room = max_block
+        if raw:
+            if len(chunk) > room:
+                raise _too_big("lz4", limit)
+            out[total:total + len(chunk)] = chunk
+            total += len(chunk)
+        else:
+            total += into(chunk, out[total:total + room], output_len=room)
+    if total > limit:
+        raise _too_big("lz4", limit)
+    return out[:total]
 
 
 # -- zstd -----------------------------------------------------------------------------------------

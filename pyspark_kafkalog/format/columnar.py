@@ -353,16 +353,16 @@ def _arrow_binary(pa, np, data: bytearray, offsets: array, valid: Optional[bytea
                                  null_count=nulls)
 
 
-def to_arrow(cols: Columns, *, with_headers: bool = True, batch_fields: bool = False):
+def arrow_arrays(cols: Columns, *, with_headers: bool = True, batch_fields: bool = False) -> dict:
     """Arrow arrays for the decoded columns, without a Python object per row.
 
     Fixed-width columns and the key/value/header data buffers are shared with ``cols`` (handed to
     Arrow through numpy/``py_buffer`` without copying); ``cols`` stays usable, and switches to
     copies of its buffers if it is appended to while Arrow still holds them.
 
-    Returns a ``pyarrow.Table`` with ``offset`` (int64), ``timestamp`` (int64, ms),
-    ``timestampType`` (int32), ``key``/``value`` (binary; large_binary past 2 GiB of data) and,
-    when asked, ``headers`` (list<struct<key: string, value: binary>>) and the batch-level fields.
+    Returns ``{name: array}``: ``offset`` (int64), ``timestamp`` (int64, ms), ``timestampType``
+    (int32), ``key``/``value`` (binary; large_binary past 2 GiB of data) and, when asked,
+    ``headers`` (list<struct<key: string, value: binary>>) and the batch-level fields.
     """
     import numpy as np
     import pyarrow as pa
@@ -402,4 +402,10 @@ def to_arrow(cols: Columns, *, with_headers: bool = True, batch_fields: bool = F
                                ("partitionLeaderEpoch", 5, pa.int32())):
             arrays[name] = pa.array(np.repeat(np.asarray(fields[idx]), counts)
                                     if cols.batches else [], typ)
-    return pa.table(arrays)
+    return arrays
+
+
+def to_arrow(cols: Columns, *, with_headers: bool = True, batch_fields: bool = False):
+    """:func:`arrow_arrays` as a ``pyarrow.Table``."""
+    import pyarrow as pa
+    return pa.table(arrow_arrays(cols, with_headers=with_headers, batch_fields=batch_fields))

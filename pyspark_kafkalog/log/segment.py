@@ -104,6 +104,13 @@ class LogSegment:
         self.stats.requests += 1
         return data
 
+    def read_into(self, start: int, out) -> memoryview:
+        """Read from ``start`` into the writable buffer ``out``; the filled part of it."""
+        n = self.storage.read_into(self.log_path, start, out)
+        self.stats.log_bytes += n
+        self.stats.requests += 1
+        return memoryview(out).cast("B")[:n]
+
     def _read_index_file(self, suffix: str) -> Optional[bytes]:
         try:
             data = self.storage.read(self.path(suffix))

@@ -161,6 +161,19 @@ class Storage(abc.ABC):
     def read(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``[start, end)``; a range past the end returns what exists (maybe b"")."""
 
+    def read_into(self, path: str, start: int, out) -> int:
+        """Fill the writable buffer ``out`` with the bytes from ``start``; returns how many were
+        read (fewer at the end of the file).
+
+        Why: a reader that allocates its own buffers (from Arrow's pool, which keeps its pages)
+        avoids the fresh ``bytes`` object, and the page faults, of every large ``read``. This
+        default copies a ``read``; backends that can read straight into memory override it.
+        """
+        view = memoryview(out).cast("B")
+        data = self.read(path, start, start + len(view))
+        view[:len(data)] = data
+        return len(data)
+
     @abc.abstractmethod
     def size(self, path: str) -> int: ...
 

@@ -90,6 +90,20 @@ class LocalStorage(Storage):
                 f.seek(start)
             return f.read() if end is None else f.read(end - start)
 
+    def read_into(self, path: str, start: int, out) -> int:
+        check_range(start, None)
+        view = memoryview(out).cast("B")
+        full = self._abs(path)
+        with storage_errors("read", self._where(path)), open(full, "rb", buffering=0) as f:
+            f.seek(start)
+            got = 0
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            return got
+
     def size(self, path: str) -> int:
         full = self._abs(path)
         with storage_errors("size", self._where(path)):
