@@ -105,13 +105,27 @@ class NoopWriter(DataSourceArrowWriter):
         pass
 
 
-def best_of(repeat: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
+def round_robin(repeat: int, fns: Dict[str, Callable[[], object]]) -> Dict[str, list]:
+    """Every contender ``repeat`` times, taking turns, so that drift in a shared machine's load
+    falls on all of them alike; returns the sorted wall times per contender."""
+    times: Dict[str, list] = {name: [] for name in fns}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: sorted(v) for name, v in times.items()}
+
+
+def _summary(rows: int, times: Dict[str, list], noop: str) -> Dict[str, object]:
+    best = {k: v[0] for k, v in times.items()}
+    median = {k: v[len(v) // 2] for k, v in times.items()}
+    return {"rows": rows, "seconds": best, "median_seconds": median,
+            "rows_per_s": {k: rows / v for k, v in best.items()},
+            "ratio_vs_noop": best[noop] / best["kafkalog"],
+            "ratio_vs_parquet": best["parquet"] / best["kafkalog"],
+            "median_ratio_vs_noop": median[noop] / median["kafkalog"],
+            "median_ratio_vs_parquet": median["parquet"] / median["kafkalog"]}
 
 
 def _session():
@@ -164,13 +178,11 @@ def run_spark_read(args) -> Dict[str, object]:
             .option("partitions", args.partitions).option("value_bytes", args.value_bytes).load(),
             "parquet": lambda: spark.read.parquet(pq_path),
         }
-        counts = {name: mk().count() for name, mk in readers.items()}
-        times = {name: best_of(args.repeat, lambda mk=mk: mk().write.format("noop")
-                               .mode("overwrite").save()) for name, mk in readers.items()}
-        return {"rows": args.rows, "counts": counts, "seconds": times,
-                "rows_per_s": {k: args.rows / v for k, v in times.items()},
-                "ratio_vs_noop": times["noop-source"] / times["kafkalog"],
-                "ratio_vs_parquet": times["parquet"] / times["kafkalog"]}
+        counts = {name: mk().count() for name, mk in readers.items()}   # also warms up
+        times = round_robin(args.repeat, {
+            name: (lambda mk=mk: mk().write.format("noop").mode("overwrite").save())
+            for name, mk in readers.items()})
+        return dict(_summary(args.rows, times, "noop-source"), counts=counts)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -199,13 +211,12 @@ def run_spark_write(args) -> Dict[str, object]:
             "noop-sink": lambda: src.write.format("bench_noop").mode("append").save(),
             "parquet": parquet,
         }
-        times = {name: best_of(args.repeat, fn) for name, fn in writers.items()}
+        for fn in writers.values():   # warm-up: Python workers, imports, JIT
+            fn()
+        times = round_robin(args.repeat, writers)
         written = Admin(url).describe_topic("bench").partitions
-        return {"rows": args.rows, "seconds": times,
-                "rows_per_s": {k: args.rows / v for k, v in times.items()},
-                "kafkalog_rows_written": sum(p.high_watermark for p in written),
-                "ratio_vs_noop": times["noop-sink"] / times["kafkalog"],
-                "ratio_vs_parquet": times["parquet"] / times["kafkalog"]}
+        return dict(_summary(args.rows, times, "noop-sink"),
+                    kafkalog_rows_written=sum(p.high_watermark for p in written))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -215,15 +226,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--value-bytes", type=int, default=100)
     p.add_argument("--codec", default="lz4")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
 
 
 def render(name: str, result: Dict[str, object]) -> str:
-    lines = [f"{name.upper()}: {result['rows']:,} rows; best of the repeats; throughput ratio "
-             "kafkalog/baseline (>1: kafkalog faster)"]
+    lines = [f"{name.upper()}: {result['rows']:,} rows; contenders take turns; throughput "
+             "ratio kafkalog/baseline (>1: kafkalog faster)"]
     for k, s in result["seconds"].items():
-        lines.append(f"  {k:<12} {s:8.3f} s  {result['rows_per_s'][k]:>14,.0f} rows/s")
-    lines.append(f"  ratio vs no-op: {result['ratio_vs_noop']:.2f}x   "
-                 f"ratio vs Parquet: {result['ratio_vs_parquet']:.2f}x")
+        lines.append(f"  {k:<12} best {s:7.3f} s  median {result['median_seconds'][k]:7.3f} s"
+                     f"  {result['rows_per_s'][k]:>12,.0f} rows/s (best)")
+    lines.append(f"  ratio vs no-op:   best {result['ratio_vs_noop']:.2f}x   "
+                 f"median {result['median_ratio_vs_noop']:.2f}x")
+    lines.append(f"  ratio vs Parquet: best {result['ratio_vs_parquet']:.2f}x   "
+                 f"median {result['median_ratio_vs_parquet']:.2f}x")
     return "\n".join(lines)
-
