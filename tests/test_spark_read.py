@@ -339,6 +339,43 @@ def test_data_deleted_between_planning_and_reading(cluster, tmp_path):
     assert 1500 <= rows < 4000
 
 
+@pytest.mark.parametrize("max_bytes", [1, 700, 30_000, 1 << 20])
+def test_range_reads_chunk_by_chunk_and_map_only_cluster_segments(cluster, max_bytes,
+                                                                  monkeypatch):
+    """Chunks of any size (down to one batch at a time, the ``position`` path and its
+    fallback) give exactly the planned range; a cluster's immutable segments are read through
+    a mapping, a Kafka log dir's (possibly a live broker's) never are."""
+    from pyspark_kafkalog.cluster.range_reader import read_range
+    from pyspark_kafkalog.cluster.read_plan import Bounds, plan
+    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.spark.read_options import ReadOptions
+    from pyspark_kafkalog.storage.local import LocalStorage
+    mapped = []
+    real_map = LocalStorage.map
+    monkeypatch.setattr(LocalStorage, "map",
+                        lambda self, path: mapped.append(path) or real_map(self, path))
+    opts = ReadOptions.parse({"path": str(cluster["root"]), "subscribe": "big",
+                              "startingOffsets": '{"big":{"0":777}}',
+                              "endingOffsets": '{"big":{"0":3333}}'})
+    (task,) = plan(open_source(str(cluster["root"])), opts, Bounds())
+    offsets, values = [], []
+    for batch in read_range(task, include_headers=False, max_bytes=max_bytes):
+        offsets += batch.column("offset").to_pylist()
+        values += batch.column("value").to_pylist()
+    assert offsets == list(range(777, 3333))
+    assert values == [r.value for r in cluster["big"][777:3333]]
+    assert mapped and all(p.endswith(".log") for p in mapped)
+
+    mapped.clear()
+    for case in UNDAMAGED:
+        opts = ReadOptions.parse({"path": str(GOLDEN), "subscribe": case[:-2]})
+        got = [o for t in plan(open_source(str(GOLDEN)), opts, Bounds())
+               for b in read_range(t, include_headers=True, max_bytes=max_bytes)
+               for o in b.column("offset").to_pylist()]
+        assert got == [r[2] for r in golden_rows(case)], case
+    assert mapped == [], "a Kafka log dir's segments must not be mapped"
+
+
 def test_min_partitions_and_max_records_per_partition_split_ranges(kspark, cluster):
     root = cluster["root"]
     full = rows_of(load(kspark, root, subscribe="multi"), False)

@@ -147,6 +147,28 @@ def test_ranged_reads(storage):
     assert storage.read("empty") == b"" and storage.size("empty") == 0
 
 
+def test_read_into_and_map(backend, storage):
+    data = random.Random(3).randbytes(5000)
+    storage.replace("seg/file", data)
+    for start, size in [(0, 5000), (0, 10), (4990, 100), (5000, 10), (7000, 5), (123, 0)]:
+        out = bytearray(size)
+        n = storage.read_into("seg/file", start, out)
+        assert n == len(data[start:start + size]) and bytes(out[:n]) == data[start:start + size]
+    with pytest.raises(StorageNotFoundError):
+        storage.read_into("missing", 0, bytearray(4))
+    view = storage.map("seg/file")
+    if backend.name != "local":
+        assert view is None   # object stores and memory: callers read instead
+        return
+    assert bytes(view) == data and view.readonly
+    storage.replace("empty", b"")
+    assert storage.map("empty") is None
+    with pytest.raises(StorageNotFoundError):
+        storage.map("missing")
+    storage.delete("seg/file")   # unlinking a mapped file is safe: the mapping keeps the pages
+    assert bytes(view[100:200]) == data[100:200]
+
+
 def test_read_bad_ranges_and_missing_files(storage):
     storage.replace("f", b"abc")
     for start, end in [(-1, None), (2, 1), (1.5, None)]:

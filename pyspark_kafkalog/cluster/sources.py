@@ -83,6 +83,13 @@ class PartitionHandle:
     #: cluster only: the partition's replayed state (committed ranges pick the segments)
     state: Optional[dict] = None
 
+    @property
+    def immutable(self) -> bool:
+        """Whether the partition's segment files are never truncated or rewritten in place
+        (a cluster's are published whole and only deleted), so readers may map them. A Kafka
+        log dir may be a live broker's, whose active segment grows and can be truncated."""
+        return self.kind == CLUSTER
+
     def promised(self, start: int, end: int) -> Optional[int]:
         """The first offset in ``[start, end)`` that the planned metadata says holds a record,
         or None. Only a cluster makes such promises; in a Kafka log dir (where compaction leaves

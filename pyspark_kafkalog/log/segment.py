@@ -74,6 +74,7 @@ class LogSegment:
         self._time_index: Optional[Tuple[np.ndarray, np.ndarray]] = None
         self._builder: Optional[IndexBuilder] = None   # writer state, valid while we append
         self._size: Optional[int] = None
+        self._map = None                      # read_view's mapping; False: cannot map
         self._first_batch_ts: Optional[int] = None
         self._timeindex_raw_len = -1          # length of .timeindex when loaded (-1: missing)
         #: a sealed segment is complete: a partial entry at its end is damage, not an append
@@ -103,6 +104,19 @@ class LogSegment:
         self.stats.log_bytes += len(data)
         self.stats.requests += 1
         return data
+
+    def read_view(self, start: int, end: int) -> Optional[memoryview]:
+        """``[start, end)`` through a read-only mapping of the log file, or None when the
+        storage cannot map it. Only for segments nothing truncates in place (see
+        ``Storage.map``): callers decide, the segment cannot know."""
+        if self._map is None:
+            self._map = self.storage.map(self.log_path) or False
+        if self._map is False:
+            return None
+        view = self._map[start:min(end, len(self._map))]
+        self.stats.log_bytes += len(view)
+        self.stats.requests += 1
+        return view
 
     def read_into(self, start: int, out) -> memoryview:
         """Read from ``start`` into the writable buffer ``out``; the filled part of it."""

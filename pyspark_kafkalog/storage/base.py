@@ -174,6 +174,18 @@ class Storage(abc.ABC):
         view[:len(data)] = data
         return len(data)
 
+    def map(self, path: str):
+        """The whole file as a read-only ``memoryview`` over the OS page cache, or None when
+        the backend cannot map files (object stores, memory) or the file is empty.
+
+        Why: a mapped read costs no copy into the process. The catch is POSIX's: touching a
+        mapped page past the end of a file that was truncated meanwhile kills the process with
+        SIGBUS. Map only files that are never truncated or rewritten in place (a cluster's
+        segments, which are published whole and only ever deleted; unlinking a mapped file is
+        safe). The mapping lives as long as views of it do.
+        """
+        return None
+
     @abc.abstractmethod
     def size(self, path: str) -> int: ...
 

@@ -90,6 +90,16 @@ class LocalStorage(Storage):
                 f.seek(start)
             return f.read() if end is None else f.read(end - start)
 
+    def map(self, path: str):
+        if os.name == "nt":   # a mapped file cannot be deleted there: retention would fail
+            return None
+        import mmap
+        full = self._abs(path)
+        with storage_errors("map", self._where(path)), open(full, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return None
+            return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
     def read_into(self, path: str, start: int, out) -> int:
         check_range(start, None)
         view = memoryview(out).cast("B")
