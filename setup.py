@@ -42,7 +42,9 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["pyspark_kafkalog", "pyspark_kafkalog.*"]),
     ext_modules=[Extension("pyspark_kafkalog.format._columnar_accel",
-                           ["pyspark_kafkalog/format/_columnar_accel.c"], optional=True)],
+                           ["pyspark_kafkalog/format/_columnar_accel.c",
+                            "pyspark_kafkalog/format/_columnar_arrow.c"],
+                           depends=["pyspark_kafkalog/format/_columnar_parse.h"], optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
     install_requires=[
         "pyspark>=4.0",

@@ -214,3 +214,47 @@ def test_other_codecs_fall_back_to_decompress():
     for codec in (codecs.NONE, codecs.GZIP, codecs.SNAPPY, codecs.ZSTD):
         frame = codecs.compress(codec, payload, 2)
         assert bytes(codecs.decompress_into(codec, frame, 2, bytearray)) == payload
+
+
+def with_payload(batch: bytes, codec: int, payload: bytes) -> bytes:
+    """``batch`` (one v2 batch) with another records payload and codec, CRC refreshed."""
+    head = bytearray(batch[:V2_HEADER_SIZE])
+    struct.pack_into(">i", head, 8, V2_HEADER_SIZE - 12 + len(payload))
+    attrs = struct.unpack_from(">h", head, 21)[0]
+    struct.pack_into(">h", head, 21, (attrs & ~7) | codec)
+    return refresh_crc(bytes(head) + payload)
+
+
+@needs_fast
+def test_lz4_frames_with_block_checksums_take_the_general_route():
+    from pyspark_kafkalog.format.codecs import xxh32
+    recs = [Record(b"k%d" % i, b"v" * i, 1_700_000_000_000 + i) for i in range(50)]
+    plain = encode_batch_v2(recs).data
+    records = plain[V2_HEADER_SIZE:]
+    import lz4.block
+    block = lz4.block.compress(records, store_size=False)
+    descriptor = bytes([0x70, 0x40])   # independent blocks + block checksums, 64 KiB blocks
+    frame = (b"\x04\x22\x4d\x18" + descriptor + bytes([(xxh32(descriptor) >> 8) & 0xFF])
+             + struct.pack("<I", len(block)) + block + struct.pack("<I", xxh32(block))
+             + b"\0\0\0\0")
+    batch = with_payload(plain, codecs.LZ4, frame)
+    assert general(batch, False)[0] == "ok"
+    assert agree(batch, False, must_answer=False) is False   # declined, not misread
+    ok = with_payload(plain, codecs.LZ4, codecs.compress(codecs.LZ4, records, 2))
+    assert agree(ok, False, must_answer=True)
+
+
+@needs_fast
+def test_decompression_failures_decline_and_other_errors_propagate(monkeypatch):
+    buf = encode_batch_v2([Record(b"k", b"v" * 100, 5)], compression=codecs.GZIP).data
+
+    def corrupt(codec, view):
+        raise CorruptRecordError("bad")
+    monkeypatch.setattr(arrow_decode, "_decompress", corrupt)
+    assert decode_spark_arrays(buf, with_headers=False) is None
+
+    def broken(codec, view):
+        raise MemoryError("out of memory")
+    monkeypatch.setattr(arrow_decode, "_decompress", broken)
+    with pytest.raises(MemoryError):
+        decode_spark_arrays(buf, with_headers=False)

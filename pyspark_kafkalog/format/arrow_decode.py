@@ -4,9 +4,11 @@ Why a second route next to :func:`.columnar.decode_columns`: that decoder append
 Python buffers, batch by batch, and Arrow then needs int32 offsets, validity bitmaps and
 microsecond timestamps made from them. Growing buffers are copied as they grow, and large fresh
 allocations from the C allocator are page-faulted in again for every chunk; together that cost
-more than the decoding itself. Here the C twin's record loop runs twice over the run of batches:
-once to count rows and bytes, then into buffers of exactly that size from Arrow's memory pool
-(which keeps its pages), already in the layout Spark wants.
+more than the decoding itself. Here one C call walks the chunk's entries (CRC checked through
+the crc32c package, LZ4 decompressed into pool memory by ``codecs.decompress_into``) and runs
+the C twin's record loop into buffers from Arrow's memory pool (which keeps its pages), sized
+up front and already in the layout Spark wants: one pass without headers (the batch headers
+bound rows and bytes), two with (count, then fill).
 
 It is a fast path, not a second set of rules: the same C parser validates records, and anything
 it does not take (magic 0/1 entries, a corrupt batch, a timestamp Spark cannot hold, more than
@@ -15,25 +17,32 @@ it does not take (magic 0/1 entries, a corrupt batch, a timestamp Spark cannot h
 """
 from __future__ import annotations
 
-import struct
 from typing import Optional
 
-from ..errors import KafkaLogError
 from . import codecs
-from .batch import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC_OFFSET, RECORD_OVERHEAD_V0,
-                    V2_HEADER_SIZE, read_header, validate as validate_batch)
 from .columnar import _accel
+from .crc import _crc32c as crc32c
 from .records import MAGIC_V2
 
-_LENGTH = struct.Struct(">i").unpack_from
-
-#: Whether :func:`decode_spark_arrays` can ever take a run (the C extension is there).
-AVAILABLE: bool = _accel is not None and hasattr(_accel, "scan_v2_arrow")
+#: Whether :func:`decode_spark_arrays` can ever take a run (the C extension and crc32c are
+#: there).
+AVAILABLE: bool = (_accel is not None and hasattr(_accel, "scan_run_arrow")
+                   and crc32c is not None)
 
 
 def _binary(pa, typ, rows: int, nulls: int, validity, offsets, data):
     return pa.Array.from_buffers(typ, rows, [validity if nulls else None, offsets, data],
                                  null_count=nulls)
+
+
+def _lz4_into():
+    cramjam = codecs._lib("cramjam", required=False)
+    return getattr(getattr(cramjam, "lz4", None), "decompress_block_into", None)
+
+
+def _decompress(codec: int, view):
+    import pyarrow as pa
+    return codecs.decompress_into(codec, view, MAGIC_V2, pa.allocate_buffer)
 
 
 def decode_spark_arrays(buf, *, with_headers: bool) -> Optional[dict]:
@@ -45,33 +54,8 @@ def decode_spark_arrays(buf, *, with_headers: bool) -> Optional[dict]:
         return None
     import pyarrow as pa
 
-    items = []
-    view = memoryview(buf).cast("B")
-    pos, end = 0, len(view)
-    try:
-        while pos + HEADER_SIZE_UP_TO_MAGIC < end:
-            if view[pos + MAGIC_OFFSET] != MAGIC_V2:
-                return None
-            length = _LENGTH(view, pos + 8)[0]
-            if length < RECORD_OVERHEAD_V0:
-                return None
-            if pos + LOG_OVERHEAD + length > end:
-                break   # a partial entry at the end, as decode_columns ignores it
-            h = read_header(view, pos)
-            pos = h.end
-            if h.is_control:
-                continue
-            if h.record_count < 0:
-                return None
-            validate_batch(view, h)
-            blob = view[h.position + V2_HEADER_SIZE:h.end]
-            if h.compression:
-                blob = codecs.decompress_into(h.compression, blob, MAGIC_V2, pa.allocate_buffer)
-            items.append((blob, h.record_count, h.base_offset, h.base_timestamp,
-                          h.timestamp_type, h.max_timestamp))
-    except KafkaLogError:
-        return None   # decode_columns raises it again, with its position
-    got = _accel.scan_v2_arrow(items, with_headers, pa.allocate_buffer)
+    got = _accel.scan_run_arrow(buf, with_headers, pa.allocate_buffer, crc32c, _decompress,
+                                _lz4_into())
     if got is None:
         return None
     rows, knulls, vnulls, nheaders, hvnulls, b = got

@@ -152,12 +152,12 @@ def decompress_into(codec: int, data: bytes | memoryview, magic: int, allocate, 
     are page-faulted in again for every run by the C allocator; a pool keeps its pages.
     Accepts exactly what :func:`decompress` accepts (error messages may differ)."""
     cramjam = _lib("cramjam", required=False) if codec == LZ4 else None
-    if cramjam is None:
+    into = getattr(getattr(cramjam, "lz4", None), "decompress_block_into", None)
+    if into is None:   # another codec, or a cramjam without LZ4 blocks
         return decompress(codec, data, magic, max_output=max_output)
     check_codec(codec, magic)
     try:
-        return _lz4_decompress_into(_byte_view(data), magic, max_output, allocate,
-                                    cramjam.lz4.decompress_block_into)
+        return _lz4_decompress_into(_byte_view(data), magic, max_output, allocate, into)
     except (KafkaLogError, TypeError):
         raise
     except Exception as exc:
