@@ -17,7 +17,8 @@ Units: MB = 10**6 bytes. "payload" = uncompressed key + value bytes of the recor
 framing excluded); "encoded" = bytes of the log as stored. Ratios are throughputs ours / kafka-python
 (> 1 means ours is faster). Every figure is the best of ``--repeat`` runs timed with
 ``time.perf_counter``; the runs of all contenders of one case are interleaved so a change of
-machine load hits them alike.
+machine load hits them alike. The Spark sections report the median as well as the best: on a
+shared machine one Spark run can take twice as long as the next.
 """
 from __future__ import annotations
 

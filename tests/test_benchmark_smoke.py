@@ -58,3 +58,22 @@ def test_unknown_case_is_rejected():
     proc = subprocess.run([sys.executable, str(SCRIPT), "format", "--cases", "v9-brotli"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "unknown case" in (proc.stdout + proc.stderr)
+
+
+def test_spark_sections_run_on_a_tiny_workload(spark):
+    """spark-read and spark-write end to end (in this test session's SparkSession): every
+    contender returns all rows, and the report renders; never a claim about speed."""
+    import argparse
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_spark
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    args = argparse.Namespace(rows=4000, partitions=2, value_bytes=20, codec="lz4", repeat=2)
+    read = bench_spark.run_spark_read(args)
+    assert read["counts"] == {"kafkalog": 4000, "noop-source": 4000, "parquet": 4000}
+    assert all(_positive(read[k]) for k in ("ratio_vs_noop", "median_ratio_vs_parquet"))
+    assert "ratio vs no-op" in bench_spark.render("spark-read", read)
+    write = bench_spark.run_spark_write(args)
+    assert write["kafkalog_rows_written"] == 4000 * (1 + args.repeat)   # warm-up + repeats
+    assert "ratio vs Parquet" in bench_spark.render("spark-write", write)
