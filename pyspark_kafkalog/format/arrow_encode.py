@@ -9,6 +9,10 @@ the bottleneck of any Spark job. Here a whole column chunk is encoded with numpy
   the data buffer of the joined array *is* the records section of the batches, back to back;
 * each batch is then a slice of that buffer, compressed, behind a header with its CRC32C.
 
+The records section exists twice: a C extension (``_encode_accel``, built when a compiler is
+available) writes it in two passes straight into one buffer, and the numpy/Arrow code above is
+the fallback and reference; ``KAFKALOG_PURE_PYTHON=1`` forces it. Both give the same bytes.
+
 The bytes are exactly what :func:`encode.encode_batch_v2` writes for the same records (tested),
 which in turn is what Kafka's ``MemoryRecordsBuilder`` writes. Magic 0/1 (legacy message sets,
 one CRC per message) go through :func:`encode.encode_records` record by record: they are rare.
@@ -18,6 +22,7 @@ bit-identical to :func:`partitioner.murmur2`.
 """
 from __future__ import annotations
 
+import os
 import struct
 from typing import List, Optional, Sequence
 
@@ -32,7 +37,22 @@ from .crc import crc32c
 from .encode import EncodedBatch, encode_records
 from .records import MAGIC_V2, Record
 
+_accel = None
+if os.environ.get("KAFKALOG_PURE_PYTHON", "") != "1":
+    try:
+        from . import _encode_accel as _accel
+    except ImportError:   # no compiler at install time: the numpy code gives the same bytes
+        _accel = None
+
+#: True when :func:`encode_v2_chunks` builds the records section in C.
+ACCELERATED: bool = _accel is not None
+#: The C records builder, or None for the numpy one; tests swap it to compare the two.
+_encode_records = _accel.encode_v2_records if _accel is not None else None
+
 _EMPTY = pa.scalar(b"", pa.binary())
+_BINARY = pa.binary()
+#: The records section of one call must fit an Arrow binary array (int32 offsets).
+_MAX_RECORDS_BYTES = 2**31
 HEADER_TYPE = pa.list_(pa.struct([("key", pa.binary()), ("value", pa.binary())]))
 #: the columns an encoder takes: key/value binary, timestamp int64 ms, headers (optional)
 ENCODE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary()),
@@ -193,22 +213,16 @@ def encode_v2_chunks(key: pa.Array, value: pa.Array, timestamps: np.ndarray,
     timestamps = np.asarray(timestamps, dtype=np.int64)
     bounds = np.asarray(bounds, dtype=np.int64)
     counts = np.diff(bounds)
-    starts = np.repeat(bounds[:-1], counts)
-    offset_delta = np.arange(n, dtype=np.int64) - starts
-    ts_delta = timestamps - timestamps[starts]
-    klen, vlen = lengths(key), lengths(value)
-    hrec, hcount = header_bytes(headers, n)
-    hlen = np.zeros(n, np.int64) if hrec is None else lengths(hrec)
-    z_ts, z_off, z_k, z_v, z_hc = (zigzag(ts_delta), zigzag(offset_delta), zigzag(klen),
-                                   zigzag(vlen), zigzag(hcount))
-    body = (1 + varint_size(z_ts) + varint_size(z_off) + varint_size(z_k) + np.maximum(klen, 0)
-            + varint_size(z_v) + np.maximum(vlen, 0) + varint_size(z_hc) + hlen)
-    prefix = varint_pieces([zigzag(body), None, z_ts, z_off, z_k])
-    middle = varint_pieces([z_v])
-    suffix = varint_pieces([z_hc])
-    parts = [prefix, key, middle, value, suffix] + ([] if hrec is None else [hrec])
-    records = _join(*parts)
-    offs, buf = _data(records)
+    if _encode_records is not None and _c_takes(key, value, timestamps, headers, bounds, counts,
+                                                n):
+        hrec, hcount = header_bytes(headers, n)
+        # the C code reads flat int64 buffers; Arrow's pool spares it fresh pages to fault in
+        raw_offs, buf = _encode_records(key, value, np.ascontiguousarray(timestamps),
+                                        np.ascontiguousarray(bounds), hrec, hcount,
+                                        pa.allocate_buffer)
+        offs = np.frombuffer(raw_offs, dtype=np.int64)
+    else:
+        offs, buf = _records_numpy(key, value, timestamps, headers, bounds, counts, n)
     view = memoryview(buf)
     max_ts = np.maximum.reduceat(timestamps, bounds[:-1]) if n else []
     out = []
@@ -219,6 +233,42 @@ def encode_v2_chunks(key: pa.Array, value: pa.Array, timestamps: np.ndarray,
             payload = codecs.compress(compression, payload, MAGIC_V2, level=level)
         out.append(_v2_batch(payload, b - a, int(timestamps[a]), int(max_ts[i]), compression))
     return out
+
+
+def _c_takes(key, value, timestamps: np.ndarray, headers, bounds: np.ndarray,
+             counts: np.ndarray, n: int) -> bool:
+    """Inputs the numpy code would encode, in the layout the C code reads (binary arrays have
+    int32 offsets); anything else goes the numpy way, which then fails as it always did."""
+    return (isinstance(key, pa.Array) and isinstance(value, pa.Array) and key.type == _BINARY
+            and value.type == _BINARY and len(key) == n
+            and (headers is None or isinstance(headers, pa.Array))
+            and timestamps.ndim == 1 and len(timestamps) == n and bounds.ndim == 1
+            and bool((counts >= 0).all()))
+
+
+def _records_numpy(key: pa.Array, value: pa.Array, timestamps: np.ndarray,
+                   headers: Optional[pa.Array], bounds: np.ndarray, counts: np.ndarray, n: int):
+    """(int64 offsets of each record, buffer of the records back to back), with numpy and Arrow
+    kernels: the fallback and reference for ``_encode_accel.encode_v2_records``."""
+    starts = np.repeat(bounds[:-1], counts)
+    offset_delta = np.arange(n, dtype=np.int64) - starts
+    ts_delta = timestamps - timestamps[starts]
+    klen, vlen = lengths(key), lengths(value)
+    hrec, hcount = header_bytes(headers, n)
+    hlen = np.zeros(n, np.int64) if hrec is None else lengths(hrec)
+    z_ts, z_off, z_k, z_v, z_hc = (zigzag(ts_delta), zigzag(offset_delta), zigzag(klen),
+                                   zigzag(vlen), zigzag(hcount))
+    body = (1 + varint_size(z_ts) + varint_size(z_off) + varint_size(z_k) + np.maximum(klen, 0)
+            + varint_size(z_v) + np.maximum(vlen, 0) + varint_size(z_hc) + hlen)
+    z_body = zigzag(body)
+    if int(body.sum()) + int(varint_size(z_body).sum()) >= _MAX_RECORDS_BYTES:
+        raise InvalidRecordError("too many records for one encode call")
+    prefix = varint_pieces([z_body, None, z_ts, z_off, z_k])
+    middle = varint_pieces([z_v])
+    suffix = varint_pieces([z_hc])
+    parts = [prefix, key, middle, value, suffix] + ([] if hrec is None else [hrec])
+    records = _join(*parts)
+    return _data(records)
 
 
 def _v2_batch(payload, count: int, base_ts: int, max_ts: int, compression: int) -> EncodedBatch:
