@@ -446,3 +446,25 @@ def test_c_checks_what_it_is_given():
         C(value, value, ts, bounds, None, hc, lambda size: bytearray(max(size - 1, 0)))
     with pytest.raises(ZeroDivisionError):
         C(value, value, ts, bounds, None, hc, lambda size: 1 // 0)
+
+
+def test_assign_offsets_in_place_only_on_writable_data():
+    """The sink's batches are stamped where they are (the producer owns them); anything else is
+    copied, and the original is left as it was."""
+    import pyarrow as pa
+    original = encode_batch_v2([Record(b"k", b"v", 1), Record(None, b"w", 2)]).data
+    want = assign_offsets(encode_batch_v2([Record(b"k", b"v", 1), Record(None, b"w", 2)]),
+                          1000, 7).data
+    for make, patched in ((bytes, False), (bytearray, True),
+                          (lambda b: memoryview(bytearray(b)), True),
+                          (lambda b: memoryview(b), False)):
+        data = make(original)
+        batch = encode_batch_v2([Record(b"k", b"v", 1), Record(None, b"w", 2)])._replace(data=data)
+        moved = assign_offsets(batch, 1000, 7, in_place=True)
+        assert bytes(moved.data) == bytes(want) and moved.base_offset == 1000
+        assert (moved.data is data) == patched
+        assert (bytes(data) == bytes(want)) == patched   # untouched unless patched
+    pool = memoryview(pa.allocate_buffer(len(original))).cast("B")
+    pool[:] = original
+    batch = encode_batch_v2([Record(b"k", b"v", 1)])._replace(data=pool)
+    assert assign_offsets(batch, 5, in_place=True).data is pool

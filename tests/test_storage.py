@@ -169,6 +169,26 @@ def test_read_into_and_map(backend, storage):
     assert bytes(view[100:200]) == data[100:200]
 
 
+def test_create_if_absent_pieces(backend, storage, monkeypatch):
+    rng = random.Random(4)
+    pieces = [rng.randbytes(rng.randrange(0, 3000)) for _ in range(2500)]   # > IOV_MAX
+    pieces[5] = bytearray(pieces[5])
+    pieces[6] = memoryview(pieces[6])
+    storage.create_if_absent_pieces("seg/log", pieces)
+    assert storage.read("seg/log") == b"".join(bytes(p) for p in pieces)
+    with pytest.raises(AlreadyExistsError):
+        storage.create_if_absent_pieces("seg/log", [b"x"])
+    assert storage.read("seg/log") == b"".join(bytes(p) for p in pieces)
+    if backend.name == "local":   # a writev may stop anywhere: the rest must still be written
+        import pyspark_kafkalog.storage.local as local_mod
+        real = os.writev
+        monkeypatch.setattr(local_mod.os, "writev",
+                            lambda fd, bufs: real(fd, [bytes(bufs[0])[:max(1, len(bufs[0]) // 3)]])
+                            if bufs and len(bufs[0]) else real(fd, bufs))
+        storage.create_if_absent_pieces("seg/log2", pieces[:300])
+        assert storage.read("seg/log2") == b"".join(bytes(p) for p in pieces[:300])
+
+
 def test_read_bad_ranges_and_missing_files(storage):
     storage.replace("f", b"abc")
     for start, end in [(-1, None), (2, 1), (1.5, None)]:

@@ -300,7 +300,9 @@ class TaskWriter:
         if n and (part == part[0]).all():      # one partition (e.g. after the shuffle helper)
             sorted_part, ordered, osizes, cuts = part, data, sizes, np.zeros(0, np.int64)
         else:
-            order = np.argsort(part, kind="stable")
+            # numpy's stable sort is a radix sort for 16-bit keys: partitions nearly always fit
+            keys = part.astype(np.int16) if target.partitions <= 32767 else part
+            order = np.argsort(keys, kind="stable")
             sorted_part = part[order]
             cuts = np.flatnonzero(np.diff(sorted_part)) + 1
             ordered = data.take(pa.array(order))

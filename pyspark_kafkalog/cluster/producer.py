@@ -98,7 +98,8 @@ class Producer:
                 config = state.topic_config(tp[0])
                 stamped, nxt = [], start
                 for b in bs:
-                    b = assign_offsets(b, nxt, epoch)
+                    # the batches are handed over: a bytearray one is stamped, not copied
+                    b = assign_offsets(b, nxt, epoch, in_place=True)
                     if config.message_timestamp_type == LOG_APPEND_TIME:
                         b = assign_log_append_time(b, now)
                     stamped.append(b)

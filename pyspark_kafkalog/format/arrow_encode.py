@@ -18,7 +18,8 @@ which in turn is what Kafka's ``MemoryRecordsBuilder`` writes. Magic 0/1 (legacy
 one CRC per message) go through :func:`encode.encode_records` record by record: they are rare.
 
 Also here: Kafka's murmur2 partitioner over an Arrow binary column (:func:`murmur2_array`),
-bit-identical to :func:`partitioner.murmur2`.
+bit-identical to :func:`partitioner.murmur2`; it too runs in ``_encode_accel`` when built, with
+the numpy code as the fallback.
 """
 from __future__ import annotations
 
@@ -272,12 +273,18 @@ def _records_numpy(key: pa.Array, value: pa.Array, timestamps: np.ndarray,
 
 
 def _v2_batch(payload, count: int, base_ts: int, max_ts: int, compression: int) -> EncodedBatch:
-    buf = bytearray(V2_HEADER_SIZE + len(payload))
-    V2_HEADER.pack_into(buf, 0, 0, len(buf) - LOG_OVERHEAD, -1, MAGIC_V2, 0, compression,
-                        count - 1, base_ts, max_ts, -1, -1, -1, count)
-    buf[V2_HEADER_SIZE:] = payload
-    struct.pack_into(">I", buf, 17, crc32c(memoryview(buf)[V2_CRC_START:]))
-    return EncodedBatch(bytes(buf), MAGIC_V2, 0, count - 1, max_ts, count, compression)
+    """The batch header in front of ``payload``: the CRC runs over the header's tail and then
+    the payload, so the batch is assembled with a single copy of the payload. The data is a
+    writable view of a buffer from Arrow's pool (fresh memory from the C allocator would be
+    page-faulted in again for every batch), which the producer stamps in place
+    (``assign_offsets(in_place=True)``)."""
+    size = V2_HEADER_SIZE + len(payload)
+    data = memoryview(pa.allocate_buffer(size)).cast("B")
+    V2_HEADER.pack_into(data, 0, 0, size - LOG_OVERHEAD, -1, MAGIC_V2, 0, compression, count - 1,
+                        base_ts, max_ts, -1, -1, -1, count)
+    data[V2_HEADER_SIZE:] = memoryview(payload).cast("B")
+    struct.pack_into(">I", data, 17, crc32c(data[V2_CRC_START:]))
+    return EncodedBatch(data, MAGIC_V2, 0, count - 1, max_ts, count, compression)
 
 
 # -- magic 0/1 (and a reference path) -----------------------------------------------------------
@@ -316,6 +323,11 @@ def encode_chunks(key: pa.Array, value: pa.Array, timestamps: np.ndarray,
 # -- Kafka's default partitioner over a column --------------------------------------------------
 
 _M = np.uint32(0x5BD1E995)
+#: The C murmur2 kernels of ``_encode_accel`` (same bits, ~10x faster), or None for the numpy
+#: code below, their fallback and reference; tests swap them to compare the two. ``getattr``:
+#: an extension built before they existed still serves ``_encode_records``.
+_murmur2_hashes = getattr(_accel, "murmur2_hashes", None)
+_murmur2_partitions = getattr(_accel, "murmur2_partitions", None)
 
 
 def murmur2_array(arr: pa.Array) -> np.ndarray:
@@ -323,6 +335,10 @@ def murmur2_array(arr: pa.Array) -> np.ndarray:
     callers mask them)."""
     arr = arr.cast(pa.binary()) if not pa.types.is_binary(arr.type) else arr
     n = len(arr)
+    if _murmur2_hashes is not None:
+        h = np.empty(n, np.uint32)
+        _murmur2_hashes(arr, h)   # a null hashes as b"", as below
+        return h
     if n == 0:
         return np.zeros(0, np.uint32)
     offs = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1]
@@ -368,5 +384,10 @@ def murmur2_array(arr: pa.Array) -> np.ndarray:
 
 def partitions_for_keys(arr: pa.Array, num_partitions: int) -> np.ndarray:
     """``toPositive(murmur2(key)) % numPartitions`` per element (int64; nulls give junk)."""
+    if _murmur2_partitions is not None and num_partitions >= 1:
+        arr = arr.cast(pa.binary()) if not pa.types.is_binary(arr.type) else arr
+        part = np.empty(len(arr), np.int64)
+        _murmur2_partitions(arr, num_partitions, part)
+        return part
     h = murmur2_array(arr)
     return (h & np.uint32(0x7FFFFFFF)).astype(np.int64) % num_partitions

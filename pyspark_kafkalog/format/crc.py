@@ -13,9 +13,10 @@ def crc32(data) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
-def crc32c(data) -> int:
+def crc32c(data, value: int = 0) -> int:
+    """CRC32C of ``data``; ``value`` continues a CRC of the bytes before it."""
     if _crc32c is None:
         from ..errors import UnsupportedCodecError
         raise UnsupportedCodecError("the 'crc32c' package is required for magic 2 batches: "
                                     "pip install crc32c")
-    return _crc32c(data)
+    return _crc32c(data, value)

@@ -191,29 +191,40 @@ def encode_records(records: Sequence[Record], *, magic: int = MAGIC_V2, **kwargs
 
 
 def assign_offsets(batch: EncodedBatch, base_offset: int,
-                   partition_leader_epoch: int | None = None) -> EncodedBatch:
+                   partition_leader_epoch: int | None = None, *,
+                   in_place: bool = False) -> EncodedBatch:
     """Move an encoded batch to ``base_offset``, rewriting only what lies outside the CRCs.
 
     ``partition_leader_epoch`` (magic 2 only) is stamped when given and kept otherwise. Magic 0
     compressed wrappers store absolute inner offsets, so they alone must be re-encoded (Kafka
-    recompresses them on append too).
+    recompresses them on append too). With ``in_place``, a magic 2 batch whose ``data`` is
+    writable (a ``bytearray`` or a writable ``memoryview``) is patched where it is instead of
+    copied: only for a caller that owns it.
     """
     shift = base_offset - batch.base_offset
     if shift == 0 and (batch.magic < MAGIC_V2 or partition_leader_epoch is None):
         return batch
-    data = bytearray(batch.data)
-    if batch.magic == MAGIC_V2:
-        _I64.pack_into(data, 0, base_offset)
+    if batch.magic == MAGIC_V2 and in_place and (
+            isinstance(batch.data, bytearray)
+            or (isinstance(batch.data, memoryview) and not batch.data.readonly)):
+        _I64.pack_into(batch.data, 0, base_offset)
         if partition_leader_epoch is not None:
-            _I32.pack_into(data, 12, partition_leader_epoch)
-    elif batch.compression and batch.magic == MAGIC_V0:
+            _I32.pack_into(batch.data, 12, partition_leader_epoch)
+        return batch._replace(base_offset=base_offset, last_offset=batch.last_offset + shift)
+    if batch.magic == MAGIC_V2:   # one copy: the new fields around views of the old bytes
+        view = memoryview(batch.data)
+        epoch = view[12:16] if partition_leader_epoch is None else _I32.pack(partition_leader_epoch)
+        data = b"".join((_I64.pack(base_offset), view[8:12], epoch, view[16:]))
+        return batch._replace(data=data, base_offset=base_offset,
+                              last_offset=batch.last_offset + shift)
+    if batch.compression and batch.magic == MAGIC_V0:
         from .columnar import decode_records
         recs = [Record(r.key, r.value) for r in decode_records(batch.data)]
         return encode_message_set(recs, magic=MAGIC_V0, base_offset=base_offset,
                                   compression=batch.compression)
-    else:
-        for header in iter_headers(batch.data):
-            _I64.pack_into(data, header.position, header.last_offset + shift)
+    data = bytearray(batch.data)
+    for header in iter_headers(batch.data):
+        _I64.pack_into(data, header.position, header.last_offset + shift)
     return batch._replace(data=bytes(data), base_offset=base_offset,
                           last_offset=batch.last_offset + shift)
 

@@ -34,14 +34,16 @@ def plan_segments(batches: Sequence[EncodedBatch], segment_bytes: int) -> List[L
 
 
 def segment_files(base_offset: int, batches: Sequence[EncodedBatch], config: LogConfig):
-    """``{suffix: bytes}`` for one segment holding ``batches``."""
-    data = b"".join(b.data for b in batches)
+    """``{suffix: content}`` for one segment holding ``batches``: bytes for the indexes, the
+    list of the batches' bytes for the ``.log`` (written back to back, never joined here: a
+    segment can be hundreds of megabytes)."""
     builder = IndexBuilder(base_offset, config.index_interval_bytes)
-    for h in iter_headers(data):
-        builder.add(h.size, h.last_offset, h.max_timestamp)
+    for b in batches:
+        for h in iter_headers(b.data):
+            builder.add(h.size, h.last_offset, h.max_timestamp)
     return {TIMEINDEX_SUFFIX: idx.encode_time_index(builder.final_time_entries(), base_offset),
             INDEX_SUFFIX: idx.encode_offset_index(builder.offset_entries, base_offset),
-            LOG_SUFFIX: data}
+            LOG_SUFFIX: [b.data for b in batches]}
 
 
 def write_segments(storage, dir_path: str, batches: Sequence[EncodedBatch], config: LogConfig,
@@ -58,10 +60,14 @@ def write_segments(storage, dir_path: str, batches: Sequence[EncodedBatch], conf
         for suffix, content in segment_files(base, group, config).items():
             path = f"{dir_path}/{segment_name(base, suffix)}"
             try:
-                storage.create_if_absent(path, content)
+                if isinstance(content, list):
+                    storage.create_if_absent_pieces(path, content)
+                else:
+                    storage.create_if_absent(path, content)
             except AlreadyExistsError:
                 if not replace_garbage:
                     raise
-                storage.replace(path, content)
+                storage.replace(path, b"".join(content) if isinstance(content, list)
+                                else content)
         bases.append(base)
     return bases

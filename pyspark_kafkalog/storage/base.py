@@ -215,6 +215,15 @@ class Storage(abc.ABC):
         check ``guarantees.atomic_create_if_absent`` before relying on it across processes.
         """
 
+    def create_if_absent_pieces(self, path: str, pieces) -> None:
+        """:meth:`create_if_absent` of the concatenation of ``pieces`` (a list of buffers).
+
+        Why: a segment is many batches. A backend that can write them one after another (local
+        disk: ``writev``) saves joining them into one more copy of the whole segment; this
+        default joins them.
+        """
+        self.create_if_absent(path, b"".join(pieces))
+
     @abc.abstractmethod
     def replace(self, path: str, data: bytes) -> None:
         """Set the whole content of ``path`` (creating it); see ``guarantees.atomic_replace``."""

@@ -30,6 +30,21 @@ _NO_LINK_ERRNOS = frozenset(
     if hasattr(errno, name))
 
 
+_IOV_MAX = 1024   # POSIX's minimum IOV_MAX is 16, Linux and macOS allow 1024
+
+
+def _writev_all(fd: int, views: list) -> None:
+    """``os.writev`` until every byte of ``views`` is written (a write may stop anywhere)."""
+    i = 0
+    while i < len(views):
+        written = os.writev(fd, views[i:i + _IOV_MAX])
+        while i < len(views) and written >= len(views[i]):
+            written -= len(views[i])
+            i += 1
+        if written:
+            views[i] = views[i][written:]
+
+
 class LocalStorage(Storage):
     """A directory tree on a POSIX filesystem.
 
@@ -170,10 +185,14 @@ class LocalStorage(Storage):
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def _write_fd(self, fd: int, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+    def _write_fd(self, fd: int, data) -> None:
+        """Write ``data`` (a buffer, or a list of buffers written back to back) and sync."""
+        if isinstance(data, list) and hasattr(os, "writev"):
+            _writev_all(fd, [memoryview(p).cast("B") for p in data if len(p)])
+        else:
+            view = memoryview(b"".join(data) if isinstance(data, list) else data)
+            while view:
+                view = view[os.write(fd, view):]
         if self._fsync:
             os.fsync(fd)
 
@@ -207,6 +226,9 @@ class LocalStorage(Storage):
             raise
         os.close(fd)
         return tmp
+
+    def create_if_absent_pieces(self, path: str, pieces) -> None:
+        self.create_if_absent(path, list(pieces))   # _write_fd takes the list: one writev
 
     def create_if_absent(self, path: str, data: bytes) -> None:
         full = self._abs(path)
