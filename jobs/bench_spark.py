@@ -160,7 +160,7 @@ def _fill_cluster(url: str, rows: int, partitions: int, value_bytes: int, codec:
 
 def run_spark_read(args) -> Dict[str, object]:
     spark = _session()
-    tmp = tempfile.mkdtemp(prefix="kafkalog-bench-")
+    tmp = tempfile.mkdtemp(prefix="kafkalog-bench-", dir=args.dir)
     try:
         url = os.path.join(tmp, "cluster")
         _fill_cluster(url, args.rows, args.partitions, args.value_bytes, args.codec)
@@ -189,7 +189,7 @@ def run_spark_read(args) -> Dict[str, object]:
 
 def run_spark_write(args) -> Dict[str, object]:
     spark = _session()
-    tmp = tempfile.mkdtemp(prefix="kafkalog-bench-")
+    tmp = tempfile.mkdtemp(prefix="kafkalog-bench-", dir=args.dir)
     try:
         src = (spark.read.format("bench_noop").option("rows", args.rows)
                .option("partitions", args.partitions).option("value_bytes", args.value_bytes)
@@ -227,6 +227,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--value-bytes", type=int, default=100)
     p.add_argument("--codec", default="lz4")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--dir", default=None,
+                   help="where the data goes (default: the system temp dir); e.g. /dev/shm to "
+                        "take the disk out of the comparison")
 
 
 def render(name: str, result: Dict[str, object]) -> str:
