@@ -44,9 +44,11 @@ setup(
     ext_modules=[Extension("pyspark_kafkalog.format._columnar_accel",
                            ["pyspark_kafkalog/format/_columnar_accel.c",
                             "pyspark_kafkalog/format/_columnar_arrow.c"],
-                           depends=["pyspark_kafkalog/format/_columnar_parse.h"], optional=True),
+                           depends=["pyspark_kafkalog/format/_columnar_parse.h",
+                                    "pyspark_kafkalog/format/_pool.h"], optional=True),
                  Extension("pyspark_kafkalog.format._encode_accel",
-                           ["pyspark_kafkalog/format/_encode_accel.c"], optional=True)],
+                           ["pyspark_kafkalog/format/_encode_accel.c"],
+                           depends=["pyspark_kafkalog/format/_pool.h"], optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
     install_requires=[
         "pyspark>=4.0",

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from kafka.partitioner.default import murmur2 as kp_murmur2
 
+from test_encode_accel import FakeArray   # the C checks take array look-alikes
 from pyspark_kafkalog.format import arrow_encode
 from pyspark_kafkalog.format.arrow_encode import murmur2_array, partitions_for_keys
 from pyspark_kafkalog.format.partitioner import murmur2, partition_for_key
@@ -267,17 +268,6 @@ def test_choose_partitions_is_the_same_on_both_paths():
     assert got[0] == got[1]
     assert all(p == partition_for_key(k, 9)
                for p, k in zip(got[0], keys.to_pylist()) if k is not None)
-
-
-class FakeArray:
-    def __init__(self, n, offset, bufs):
-        self.n, self.offset, self.bufs = n, offset, bufs
-
-    def __len__(self):
-        return self.n
-
-    def buffers(self):
-        return list(self.bufs)
 
 
 @needs_c

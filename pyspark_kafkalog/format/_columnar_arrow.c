@@ -8,6 +8,7 @@
  * parser (_columnar_parse.h).
  */
 #include "_columnar_parse.h"
+#include "_pool.h"
 
 extern PyObject *kafkalog_KafkaLogError;   /* _columnar_accel.c */
 
@@ -29,24 +30,6 @@ items_free(Item *it, Py_ssize_t n)
         if (it[i].has_view)
             PyBuffer_Release(&it[i].view);
     free(it);
-}
-
-/* A writable buffer of `size` bytes from the `allocate` callable (Arrow's pool, in practice);
- * NULL with an exception set on failure. */
-static uint8_t *
-take_buffer(PyObject *allocate, Py_ssize_t size, PyObject **obj, Py_buffer *view)
-{
-    *obj = PyObject_CallFunction(allocate, "n", size);
-    if (*obj == NULL)
-        return NULL;
-    if (PyObject_GetBuffer(*obj, view, PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (view->len < size) {
-        PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "allocate() returned a buffer that is too small");
-        return NULL;
-    }
-    return (uint8_t *)view->buf;
 }
 
 enum { B_OFFSET, B_TS, B_TS_TYPE, B_KVALID, B_KOFFS, B_KDATA, B_VVALID, B_VOFFS, B_VDATA,

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_pool.h"
+
 static PyObject *InvalidRecordError;   /* pyspark_kafkalog.errors.InvalidRecordError */
 
 /* The numpy path holds the records in one Arrow binary array (int32 offsets): the same limit
@@ -173,24 +175,6 @@ int64_open(PyObject *obj, const char *what, Py_ssize_t want, Py_buffer *view)
         return -1;
     }
     return 0;
-}
-
-/* A writable buffer of `size` bytes from the `allocate` callable; NULL with an exception set
- * on failure (then *obj may still need a DECREF, *view is not held). */
-static uint8_t *
-take_buffer(PyObject *allocate, Py_ssize_t size, PyObject **obj, Py_buffer *view)
-{
-    *obj = PyObject_CallFunction(allocate, "n", size);
-    if (*obj == NULL)
-        return NULL;
-    if (PyObject_GetBuffer(*obj, view, PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (view->len < size) {
-        PyBuffer_Release(view);
-        PyErr_SetString(PyExc_ValueError, "allocate() returned a buffer that is too small");
-        return NULL;
-    }
-    return (uint8_t *)view->buf;
 }
 
 /* -- records --------------------------------------------------------------------------------- */
