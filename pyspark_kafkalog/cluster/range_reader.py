@@ -3,9 +3,11 @@
 The bytes read follow the range, not the partition: the offset index takes the first read to
 within one ``index.interval.bytes`` of ``start`` (log/segment.py), and each read stops about one
 index interval past the batch holding ``end - 1`` (the next index entry after it bounds where
-that batch can end). Reads are whole batches, at most ``max_bytes`` (plus one batch) at a time;
-each becomes one Arrow record batch through the columnar decoder, so records never become
-Python objects.
+that batch can end). Reads are whole batches, at most ``max_bytes`` (plus one batch) at a time,
+each starting where the last one stopped; a cluster's immutable segments are read through a
+mapping, anything else into Arrow-pool buffers. Each chunk becomes one Arrow record batch
+through ``format.arrow_decode`` (straight into Spark's layout, in C) or, where that route
+declines, the columnar decoder: records never become Python objects.
 
 Rows come out exactly in Spark's Kafka source schema: key, value, topic, partition, offset,
 timestamp (microseconds, UTC), timestampType, and headers when asked. Control records are never
@@ -178,17 +180,13 @@ def _assemble(arrays: dict, offsets, consts: _Constants, schema, include_headers
     n = hi - lo
     if n <= 0:
         return None
-    names = ["key", "value", None, None, "offset", "timestamp", "timestampType"]
-    if include_headers:
-        names.append("headers")
+    whole = (lo, hi) == (0, len(offsets))
+
+    def cut(name):
+        return arrays[name] if whole else arrays[name].slice(lo, n)
     topic, partition = consts.get(n)
-    columns = []
-    for name in names:
-        if name is None:
-            columns.append(topic if not columns[2:] else partition)
-            continue
-        col = arrays[name]
-        columns.append(col if (lo, hi) == (0, len(offsets)) else col.slice(lo, n))
+    columns = [cut("key"), cut("value"), topic, partition, cut("offset"), cut("timestamp"),
+               cut("timestampType")] + ([cut("headers")] if include_headers else [])
     batch = pa.RecordBatch.from_arrays(columns, schema=schema)
     if mask is not None:
         keep = mask[lo:hi]
