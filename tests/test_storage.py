@@ -160,6 +160,10 @@ def test_read_into_and_map(backend, storage):
     if backend.name != "local":
         assert view is None   # object stores and memory: callers read instead
         return
+    from pyspark_kafkalog.storage.local import _can_map
+    if not _can_map(storage.root):   # this test's tmp dir is on a network/FUSE filesystem
+        assert view is None
+        return
     assert bytes(view) == data and view.readonly
     storage.replace("empty", b"")
     assert storage.map("empty") is None
@@ -167,6 +171,27 @@ def test_read_into_and_map(backend, storage):
         storage.map("missing")
     storage.delete("seg/file")   # unlinking a mapped file is safe: the mapping keeps the pages
     assert bytes(view[100:200]) == data[100:200]
+
+
+def test_local_storage_maps_only_on_local_filesystems(tmp_path, monkeypatch):
+    from pyspark_kafkalog.storage import local as local_mod
+    table = ("/dev/vda / ext4 rw 0 0\n"
+             "server:/export /mnt/nfs nfs4 rw 0 0\n"
+             "tmpfs /dev/shm tmpfs rw 0 0\n"
+             "fuse /mnt/nfs/inner fuse.s3fs rw 0 0\n"
+             "/dev/vdb /mnt/with\\040space xfs rw 0 0\n")
+    cases = {"/data/x": "ext4", "/mnt/nfs": "nfs4", "/mnt/nfs/a/b": "nfs4",
+             "/mnt/nfsother/a": "ext4", "/mnt/nfs/inner/k": "fuse.s3fs", "/dev/shm/k": "tmpfs",
+             "/mnt/with space/seg": "xfs"}
+    for path, want in cases.items():
+        assert local_mod._mount_fs_type(path, table) == want, path
+    data = b"0123456789" * 10
+    st = local_mod.LocalStorage(str(tmp_path))
+    st.replace("f", data)
+    monkeypatch.setattr(local_mod, "_can_map", lambda path: False)   # e.g. an NFS mount
+    assert local_mod.LocalStorage(str(tmp_path)).map("f") is None
+    monkeypatch.setattr(local_mod, "_can_map", lambda path: True)
+    assert bytes(local_mod.LocalStorage(str(tmp_path)).map("f")) == data
 
 
 def test_create_if_absent_pieces(backend, storage, monkeypatch):

@@ -176,7 +176,8 @@ class Storage(abc.ABC):
 
     def map(self, path: str):
         """The whole file as a read-only ``memoryview`` over the OS page cache, or None when
-        the backend cannot map files (object stores, memory) or the file is empty.
+        the backend cannot map files (object stores, memory; local storage on a network or FUSE
+        filesystem, where another host could delete a mapped file) or the file is empty.
 
         Why: a mapped read costs no copy into the process. The catch is POSIX's: touching a
         mapped page past the end of a file that was truncated meanwhile kills the process with

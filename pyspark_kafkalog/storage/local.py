@@ -9,6 +9,7 @@ import errno
 import logging
 import os
 import shutil
+from typing import Optional
 
 from ..errors import AlreadyExistsError, InvalidConfigError, StorageNotFoundError
 from .base import (
@@ -45,6 +46,37 @@ def _writev_all(fd: int, views: list) -> None:
             views[i] = views[i][written:]
 
 
+#: Filesystems whose files only this machine's kernel changes: a file mapped here cannot vanish
+#: under the mapping. On network and FUSE filesystems another host may delete a mapped file,
+#: and touching its pages then kills the reader with SIGBUS instead of raising an error.
+_MAPPABLE_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "zfs", "f2fs",
+                          "overlay", "ramfs", "jfs", "reiserfs", "bcachefs"})
+
+
+def _mount_fs_type(path: str, mounts: str) -> Optional[str]:
+    """The filesystem type of the mount holding ``path`` in a ``/proc/self/mounts`` table (the
+    longest mount point that is a prefix of it), or None."""
+    best, fs_type = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, fs_type = point, fields[2]
+    return fs_type
+
+
+def _can_map(path: str) -> bool:
+    """Whether files under ``path`` are safe to map: Linux, on a known local filesystem."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            mounts = f.read()
+    except OSError:   # not Linux: no cheap way to tell NFS apart, so do not map
+        return False
+    return _mount_fs_type(os.path.realpath(path), mounts) in _MAPPABLE_FS
+
+
 class LocalStorage(Storage):
     """A directory tree on a POSIX filesystem.
 
@@ -71,6 +103,7 @@ class LocalStorage(Storage):
         self._root = os.path.abspath(os.path.expanduser(root))
         self._fsync = bool(fsync)
         self._link_ok = True
+        self._mappable: Optional[bool] = None   # map(): decided on first use
         self.url = "file://" + self._root
         with storage_errors("create root", self.url):
             os.makedirs(self._root, exist_ok=True)
@@ -106,7 +139,9 @@ class LocalStorage(Storage):
             return f.read() if end is None else f.read(end - start)
 
     def map(self, path: str):
-        if os.name == "nt":   # a mapped file cannot be deleted there: retention would fail
+        if self._mappable is None:
+            self._mappable = _can_map(self._root)
+        if not self._mappable:
             return None
         import mmap
         full = self._abs(path)
