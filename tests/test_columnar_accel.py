@@ -96,24 +96,6 @@ def test_accelerated_flag_follows_the_extension_and_the_environment():
     assert columnar._scan_v2 is (C if columnar.ACCELERATED else PY)
 
 
-def test_kafkalog_pure_python_forces_the_python_loop():
-    code = ("from pyspark_kafkalog.format import columnar, _columnar_py; "
-            "print(columnar.ACCELERATED, columnar._scan_v2 is _columnar_py.scan_v2)")
-    env = dict(os.environ, KAFKALOG_PURE_PYTHON="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out == ["False", "True"]
-
-
-@needs_c
-def test_extension_is_the_default_when_built():
-    env = {k: v for k, v in os.environ.items() if k != "KAFKALOG_PURE_PYTHON"}
-    code = "from pyspark_kafkalog.format import columnar; print(columnar.ACCELERATED)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True).stdout.strip()
-    assert out == "True"
-
-
 # -- golden corpus ---------------------------------------------------------------------------------
 
 GOLDEN_SEGMENTS = [p for case in CASES for p in sorted((GOLDEN / case).glob("*.log"))]

@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -107,23 +105,6 @@ def test_c_kernels_follow_the_extension_and_the_environment():
     on = C_HASHES is not None and not pure
     assert arrow_encode._murmur2_hashes is (C_HASHES if on else None)
     assert arrow_encode._murmur2_partitions is (C_PARTITIONS if on else None)
-
-
-def test_kafkalog_pure_python_forces_the_numpy_murmur2():
-    code = ("from pyspark_kafkalog.format import arrow_encode as a; "
-            "print(a._murmur2_hashes is None, a._murmur2_partitions is None)")
-    env = dict(os.environ, KAFKALOG_PURE_PYTHON="1")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out == ["True", "True"]
-
-
-@needs_c
-def test_c_is_the_default_when_built():
-    if os.environ.get("KAFKALOG_PURE_PYTHON") == "1":
-        pytest.skip("KAFKALOG_PURE_PYTHON=1")
-    assert arrow_encode._murmur2_hashes is C_HASHES
-    assert arrow_encode._murmur2_partitions is C_PARTITIONS
 
 
 # -- the same bits on every path ------------------------------------------------------------------
