@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from test_columnar_accel import BYTES, HEADERS, TIMESTAMPS
 from pyspark_kafkalog.errors import InvalidRecordError
 from pyspark_kafkalog.format import arrow_encode, codecs
 from pyspark_kafkalog.format.arrow_encode import (HEADER_TYPE, chunk_bounds, encode_v2_chunks,
@@ -241,13 +242,7 @@ def test_compressed_batches_agree(codec):
 
 # -- a property -----------------------------------------------------------------------------------
 
-BYTES = st.one_of(st.none(), st.just(b""), st.binary(max_size=40),
-                  st.binary(min_size=100, max_size=300))
-HEADERS = st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.just(b""),
-                                                             st.binary(max_size=20))),
-                   max_size=3).map(tuple)
-TIMESTAMPS = st.one_of(st.integers(-1, 2**41), st.sampled_from([-1, 0, INT64_MAX, INT64_MIN]),
-                       st.integers(INT64_MIN, INT64_MAX))
+# keys, values, headers and timestamps: the decoder's strategies (test_columnar_accel.py)
 
 
 @st.composite
