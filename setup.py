@@ -48,7 +48,11 @@ setup(
                                     "pyspark_kafkalog/format/_pool.h"], optional=True),
                  Extension("pyspark_kafkalog.format._encode_accel",
                            ["pyspark_kafkalog/format/_encode_accel.c"],
-                           depends=["pyspark_kafkalog/format/_pool.h"], optional=True)],
+                           depends=["pyspark_kafkalog/format/_pool.h",
+                                    "pyspark_kafkalog/format/_encode_common.h",
+                                    "pyspark_kafkalog/format/_encode_accumulate.h",
+                                    "pyspark_kafkalog/format/_encode_murmur2.h"],
+                           optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
     install_requires=[
         "pyspark>=4.0",

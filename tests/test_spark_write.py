@@ -38,6 +38,7 @@ from pyspark_kafkalog.errors import InvalidConfigError, KafkaLogError
 from pyspark_kafkalog.format.arrow_encode import (HEADER_TYPE, chunk_bounds, encode_v2_chunks,
                                                   estimated_sizes, murmur2_array,
                                                   partitions_for_keys, to_records)
+from pyspark_kafkalog.format.batch import iter_headers
 from pyspark_kafkalog.format.encode import encode_batch_v2
 from pyspark_kafkalog.spark.write_options import WriteOptions
 
@@ -484,7 +485,13 @@ def test_max_message_bytes_splits_batches_and_rejects_huge_records(tmp_path):
     tw = TaskWriter(Cluster(root), opts, producer="spark-job:x")
     tw.add(pa.RecordBatch.from_pydict({"value": [b"x" * 300] * 40, "topic": ["small"] * 40}))
     (pending,) = tw.finish()
-    assert tw.stats.batches >= 8
+    # ~310 bytes a record: at most 6 fit a batch of 2000 bytes, so at least 7 batches
+    assert tw.stats.batches >= 7
+    (log,) = Path(root).rglob("small-0/*.log")
+    data = log.read_bytes()
+    headers = list(iter_headers(data))
+    assert sum(h.last_offset - h.base_offset + 1 for h in headers) == 40
+    assert all(h.size <= 2000 for h in headers), [h.size for h in headers]
     assert Admin(root).cluster.state().txns   # reserved, not committed
     tw.abort()
     tw = TaskWriter(Cluster(root), opts, producer="spark-job:x")

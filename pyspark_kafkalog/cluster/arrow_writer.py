@@ -1,9 +1,11 @@
 """Rows as Arrow batches to committed Kafka records: the sink's work below the Spark layer.
 
 A Spark write job is one *write unit* of the protocol (docs/protocol.md §3): every task encodes its
-rows per target partition and reserves + writes final segments (``TaskWriter``), returning the
-``PendingWrite``\\ s; the driver commits all of them in one metadata entry (``commit_job``) or
-aborts them (``abort_job``), so the job's records appear all at once or not at all.
+rows per target partition (one accumulator per topic, ``format/accumulate.py``: each record goes
+into its partition's open batch as its input batch comes) and reserves + writes final segments
+(``TaskWriter``), returning the ``PendingWrite``\\ s; the driver commits all of them in one
+metadata entry (``commit_job``) or aborts them (``abort_job``), so the job's records appear all
+at once or not at all.
 
 The driver side (deciding the job, lost and late task attempts) is ``spark_job``. A task that
 finds its job already decided after it reserved (a late attempt) aborts its own write.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -26,10 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import (InvalidConfigError, InvalidRecordError, InvalidTxnStateError,
-                      RecordTooLargeError, UnknownTopicOrPartitionError, UnsupportedCodecError)
+                      UnknownTopicOrPartitionError, UnsupportedCodecError)
 from ..format import codecs
-from ..format.arrow_encode import (ENCODE_SCHEMA, HEADER_TYPE, chunk_bounds, encode_chunks,
-                                   estimated_sizes, partitions_for_keys)
+from ..format.accumulate import new_accumulator
+from ..format.arrow_encode import HEADER_TYPE, EncodeInput, estimated_sizes, partitions_for_keys
 from ..format.encode import EncodedBatch
 from .cluster import Cluster
 from .producer import PendingWrite, Producer
@@ -171,14 +173,6 @@ class TopicTarget(NamedTuple):
 
 
 @dataclass
-class _Buffer:
-    pieces: List[pa.RecordBatch] = field(default_factory=list)
-    sizes: List[np.ndarray] = field(default_factory=list)
-    rows: int = 0
-    nbytes: int = 0
-
-
-@dataclass
 class TaskStats:
     records: int = 0
     batches: int = 0
@@ -208,7 +202,7 @@ class TaskWriter:
         self.state = cluster.state()
         self.targets: Dict[str, TopicTarget] = {}
         self.sticky: Dict[str, Sticky] = {}
-        self.buffers: Dict[TopicPartition, _Buffer] = {}
+        self.accumulators: Dict[str, object] = {}   # topic -> format.accumulate accumulator
         self.encoded: Dict[TopicPartition, List[EncodedBatch]] = {}
         self.encoded_bytes = 0
         self.pending: List[PendingWrite] = []
@@ -259,9 +253,7 @@ class TaskWriter:
         if headers is not None:
             headers = headers.cast(HEADER_TYPE)
         ts = _timestamps_ms(cols.get("timestamp"), n, now)
-        data = pa.RecordBatch.from_arrays(
-            [key, value, pa.array(ts, pa.int64()),
-             headers if headers is not None else pa.nulls(n, HEADER_TYPE)], schema=ENCODE_SCHEMA)
+        data = EncodeInput(key, value, ts, headers)
         sizes = estimated_sizes(key, value, headers)
         explicit = explicit_partitions(cols.get("partition"))
         if self.opts.topic is not None:
@@ -276,18 +268,21 @@ class TaskWriter:
             idx = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
             self._add_topic(t, data, sizes, explicit, idx)
 
-    def _add_topic(self, topic: str, data: pa.RecordBatch, sizes: np.ndarray,
+    def _add_topic(self, topic: str, data: EncodeInput, sizes: np.ndarray,
                    explicit: Optional[Tuple[np.ndarray, np.ndarray]],
                    idx: Optional[np.ndarray]) -> None:
+        """Hands the rows ``idx`` (None: all) of ``data`` to ``topic``'s accumulator, with
+        their partitions, and keeps the batches that filled up."""
         target = self.target(topic)
-        if idx is not None:
-            data = data.take(pa.array(idx))
+        if idx is not None:   # several topics in one input batch: each gets its rows
+            take = pa.array(idx)
+            hs = None if data.headers is None else data.headers.take(take)
+            data = EncodeInput(data.key.take(take), data.value.take(take), data.timestamps[idx],
+                               hs)
             sizes = sizes[idx]
             explicit = None if explicit is None else (explicit[0][idx], explicit[1][idx])
-        n = data.num_rows
-        if target.magic < 2:
-            hc = pc.fill_null(pc.list_value_length(data.column("headers")), 0)
-            if pc.max(hc).as_py():
+        if target.magic < 2 and data.headers is not None:
+            if pc.max(pc.fill_null(pc.list_value_length(data.headers), 0)).as_py():
                 raise InvalidRecordError(
                     f"topic {topic!r} is written with message format v{target.magic}, which "
                     "has no record headers (drop the headers column or use format 2)")
@@ -295,82 +290,25 @@ class TaskWriter:
         if sticky is None:
             sticky = self.sticky[topic] = Sticky(target.partitions, self.rng.randrange(
                 target.partitions), self.opts.batch_records, self.opts.batch_size)
-        part = choose_partitions(topic, target.partitions, data.column("key"), explicit, sizes,
-                                 sticky)
-        if n and (part == part[0]).all():      # one partition (e.g. after the shuffle helper)
-            sorted_part, ordered, osizes, cuts = part, data, sizes, np.zeros(0, np.int64)
-        else:
-            # numpy's stable sort is a radix sort for 16-bit keys: partitions nearly always fit
-            keys = part.astype(np.int16) if target.partitions <= 32767 else part
-            order = np.argsort(keys, kind="stable")
-            sorted_part = part[order]
-            cuts = np.flatnonzero(np.diff(sorted_part)) + 1
-            ordered = data.take(pa.array(order))
-            osizes = sizes[order]
-        starts = np.concatenate([[0], cuts])
-        ends = np.concatenate([cuts, [n]])
-        for a, b in zip(starts, ends):
-            tp = (topic, int(sorted_part[a]))
-            self._buffer(tp, target, ordered.slice(int(a), int(b - a)), osizes[a:b])
+        part = choose_partitions(topic, target.partitions, data.key, explicit, sizes, sticky)
+        acc = self.accumulators.get(topic)
+        if acc is None:
+            acc = self.accumulators[topic] = new_accumulator(
+                topic, target.partitions, magic=target.magic, compression=target.codec,
+                level=target.level, batch_records=self.opts.batch_records,
+                batch_size=self.opts.batch_size, max_message_bytes=target.max_message_bytes)
+        self.stats.records += len(sizes)
+        self._keep(topic, acc.append(data, part, sizes))
 
     # -- batches ----------------------------------------------------------------------------
 
-    def _buffer(self, tp: TopicPartition, target: TopicTarget, rows: pa.RecordBatch,
-                sizes: np.ndarray) -> None:
-        buf = self.buffers.setdefault(tp, _Buffer())
-        buf.pieces.append(rows)
-        buf.sizes.append(sizes)
-        buf.rows += rows.num_rows
-        buf.nbytes += int(sizes.sum())
-        self.stats.records += rows.num_rows
-        if buf.rows >= self.opts.batch_records or buf.nbytes >= self.opts.batch_size:
-            self._encode(tp, target, keep_tail=True)
-            if self.encoded_bytes >= self.opts.buffer_memory:
-                self.flush()
-
-    def _encode(self, tp: TopicPartition, target: TopicTarget, keep_tail: bool) -> None:
-        buf = self.buffers.get(tp)
-        if buf is None or not buf.rows:
-            return
-        rows = (pa.Table.from_batches(buf.pieces).combine_chunks().to_batches()[0]
-                if len(buf.pieces) > 1 else buf.pieces[0])
-        sizes = np.concatenate(buf.sizes) if len(buf.sizes) > 1 else buf.sizes[0]
-        bounds = chunk_bounds(sizes, self.opts.batch_size, self.opts.batch_records)
-        last = bounds[-1] - bounds[-2]
-        if keep_tail and len(bounds) > 1 and last < self.opts.batch_records and int(
-                sizes[bounds[-2]:].sum()) < self.opts.batch_size:
-            tail = bounds.pop()   # the last chunk is not full: keep buffering it
-            cut = bounds[-1]
-            self.buffers[tp] = _Buffer([rows.slice(cut)], [sizes[cut:]], tail - cut,
-                                       int(sizes[cut:].sum()))
-        else:
-            del self.buffers[tp]
-        if len(bounds) < 2:
-            return
-        batches = self._encode_range(target, rows.slice(0, bounds[-1]), bounds)
-        self.encoded.setdefault(tp, []).extend(batches)
-        self.encoded_bytes += sum(len(b.data) for b in batches)
-        self.stats.batches += len(batches)
-
-    def _encode_range(self, target: TopicTarget, rows: pa.RecordBatch,
-                      bounds: List[int]) -> List[EncodedBatch]:
-        cols = [rows.column(i) for i in range(4)]
-        ts = cols[2].to_numpy(zero_copy_only=False)
-        headers = cols[3] if cols[3].null_count < len(cols[3]) else None
-        out = encode_chunks(cols[0], cols[1], ts, headers, bounds, magic=target.magic,
-                            compression=target.codec, level=target.level)
-        result = []
-        for (a, b), batch in zip(zip(bounds[:-1], bounds[1:]), out):
-            if len(batch.data) <= target.max_message_bytes:
-                result.append(batch)
-            elif b - a == 1:
-                raise RecordTooLargeError(
-                    f"a record of topic {target.name!r} encodes to {len(batch.data)} bytes, "
-                    f"more than its max.message.bytes ({target.max_message_bytes})")
-            else:   # split the batch in two, as a producer would with a smaller batch.size
-                mid = (a + b) // 2
-                result += self._encode_range(target, rows.slice(a, b - a), [0, mid - a, b - a])
-        return result
+    def _keep(self, topic: str, closed) -> None:
+        for p, batch in closed:
+            self.encoded.setdefault((topic, p), []).append(batch)
+            self.encoded_bytes += len(batch.data)
+        self.stats.batches += len(closed)
+        if self.encoded_bytes >= self.opts.buffer_memory:
+            self.flush()
 
     def flush(self) -> None:
         """Reserve and write everything encoded so far (one reservation, one PendingWrite)."""
@@ -394,8 +332,11 @@ class TaskWriter:
         self.stats.partitions = len(self.touched)
 
     def finish(self) -> List[PendingWrite]:
-        for tp in list(self.buffers):
-            self._encode(tp, self.targets[tp[0]], keep_tail=False)
+        for topic, acc in self.accumulators.items():
+            closed = acc.drain()
+            for p, batch in closed:
+                self.encoded.setdefault((topic, p), []).append(batch)
+            self.stats.batches += len(closed)
         self.flush()
         return self.pending
 

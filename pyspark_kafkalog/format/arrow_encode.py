@@ -13,6 +13,12 @@ The records section exists twice: a C extension (``_encode_accel``, built when a
 available) writes it in two passes straight into one buffer, and the numpy/Arrow code above is
 the fallback and reference; ``KAFKALOG_PURE_PYTHON=1`` forces it. Both give the same bytes.
 
+Rows buffered per partition as pieces (:class:`Piece`: an input batch and the numbers of its
+rows) are encoded by :func:`encode_v2_pieces`: the C code gathers each row from its input batch
+into the batch buffer behind room for the header, so nothing is copied before and the CRC runs
+in place; the fallback takes and concatenates the rows first. The Spark sink's usual route is
+the accumulator built on these pieces (``format/accumulate.py``).
+
 The bytes are exactly what :func:`encode.encode_batch_v2` writes for the same records (tested),
 which in turn is what Kafka's ``MemoryRecordsBuilder`` writes. Magic 0/1 (legacy message sets,
 one CRC per message) go through :func:`encode.encode_records` record by record: they are rare.
@@ -25,7 +31,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +55,8 @@ if os.environ.get("KAFKALOG_PURE_PYTHON", "") != "1":
 ACCELERATED: bool = _accel is not None
 #: The C records builder, or None for the numpy one; tests swap it to compare the two.
 _encode_records = _accel.encode_v2_records if _accel is not None else None
+#: The C gatherer of :func:`encode_v2_pieces`, or None for take + concatenate + the above.
+_encode_gather = getattr(_accel, "encode_v2_gather", None)
 
 _EMPTY = pa.scalar(b"", pa.binary())
 _BINARY = pa.binary()
@@ -273,18 +281,150 @@ def _records_numpy(key: pa.Array, value: pa.Array, timestamps: np.ndarray,
 
 
 def _v2_batch(payload, count: int, base_ts: int, max_ts: int, compression: int) -> EncodedBatch:
-    """The batch header in front of ``payload``: the CRC runs over the header's tail and then
-    the payload, so the batch is assembled with a single copy of the payload. The data is a
-    writable view of a buffer from Arrow's pool (fresh memory from the C allocator would be
-    page-faulted in again for every batch), which the producer stamps in place
-    (``assign_offsets(in_place=True)``)."""
+    """The batch header in front of ``payload``, in a buffer from Arrow's pool (fresh memory
+    from the C allocator would be page-faulted in again for every batch): the payload is
+    copied once, and the producer stamps the result in place (``assign_offsets(in_place=True)``)."""
     size = V2_HEADER_SIZE + len(payload)
     data = memoryview(pa.allocate_buffer(size)).cast("B")
-    V2_HEADER.pack_into(data, 0, 0, size - LOG_OVERHEAD, -1, MAGIC_V2, 0, compression, count - 1,
-                        base_ts, max_ts, -1, -1, -1, count)
     data[V2_HEADER_SIZE:] = memoryview(payload).cast("B")
+    return _v2_header(data, count, base_ts, max_ts, compression)
+
+
+def _v2_header(data: memoryview, count: int, base_ts: int, max_ts: int,
+               compression: int) -> EncodedBatch:
+    """Writes the header into the first ``V2_HEADER_SIZE`` bytes of ``data`` (a writable view
+    whose records follow) and the CRC over the header's tail and the records, in place."""
+    V2_HEADER.pack_into(data, 0, 0, len(data) - LOG_OVERHEAD, -1, MAGIC_V2, 0, compression,
+                        count - 1, base_ts, max_ts, -1, -1, -1, count)
     struct.pack_into(">I", data, 17, crc32c(data[V2_CRC_START:]))
     return EncodedBatch(data, MAGIC_V2, 0, count - 1, max_ts, count, compression)
+
+
+# -- rows gathered from several input batches ---------------------------------------------------
+
+class EncodeInput:
+    """One input batch's columns as the encoders take them (``key``/``value`` binary arrays,
+    ``timestamps`` int64 ms, ``headers`` a ``HEADER_TYPE`` array or None). Every Kafka
+    partition's piece of the batch shares it, so its headers are encoded once."""
+
+    __slots__ = ("key", "value", "timestamps", "headers", "_hdr")
+
+    def __init__(self, key: pa.Array, value: pa.Array, timestamps: np.ndarray,
+                 headers: Optional[pa.Array]):
+        self.key, self.value, self.headers = key, value, headers
+        self.timestamps = np.ascontiguousarray(timestamps, dtype=np.int64)
+        self._hdr = None
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def header_bytes(self):
+        """(per-row encoded headers or None, header counts or None when there are none)."""
+        if self._hdr is None:
+            hrec, hcount = header_bytes(self.headers, len(self))
+            self._hdr = (hrec, None if hrec is None else np.ascontiguousarray(hcount))
+        return self._hdr
+
+
+class Piece(NamedTuple):
+    """Rows of one input batch, in order: ``rows`` are their numbers (int64), None for all."""
+    input: EncodeInput
+    rows: Optional[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.input) if self.rows is None else len(self.rows)
+
+
+def slice_pieces(pieces: Sequence[Piece], a: int, b: int) -> List[Piece]:
+    """The rows ``[a, b)`` of the pieces' concatenation, as pieces."""
+    out, pos = [], 0
+    for p in pieces:
+        n = len(p)
+        lo, hi = max(a - pos, 0), min(b - pos, n)
+        if lo < hi:
+            if lo == 0 and hi == n:
+                out.append(p)
+            else:
+                rows = np.arange(lo, hi, dtype=np.int64) if p.rows is None else p.rows[lo:hi]
+                out.append(Piece(p.input, rows))
+        pos += n
+        if pos >= b:
+            break
+    return out
+
+
+def _take(arr: pa.Array, idx: Optional[pa.Array]) -> pa.Array:
+    return arr if idx is None else arr.take(idx)
+
+
+def take_pieces(pieces: Sequence[Piece]):
+    """(key, value, timestamps, headers) of the pieces' rows, materialised (the fallback)."""
+    keys, values, ts, hdrs = [], [], [], []
+    with_headers = any(p.input.headers is not None for p in pieces)
+    for p in pieces:
+        inp = p.input
+        idx = None if p.rows is None else pa.array(p.rows, pa.int64())
+        keys.append(_take(inp.key, idx))
+        values.append(_take(inp.value, idx))
+        ts.append(inp.timestamps if p.rows is None else inp.timestamps[p.rows])
+        if with_headers:
+            h = inp.headers if inp.headers is not None else pa.nulls(len(inp), HEADER_TYPE)
+            hdrs.append(_take(h, idx))
+
+    def cat(arrs, t):
+        return pa.concat_arrays(arrs) if arrs else pa.array([], t)
+    return (cat(keys, _BINARY), cat(values, _BINARY),
+            np.concatenate(ts) if ts else np.zeros(0, np.int64),
+            cat(hdrs, HEADER_TYPE) if with_headers else None)
+
+
+def encode_v2_pieces(pieces: Sequence[Piece], bounds: Sequence[int], compression: int,
+                     level: Optional[int] = None) -> List[EncodedBatch]:
+    """:func:`encode_v2_chunks` of the pieces' concatenation, without materialising it: the C
+    code gathers each row from its input batch straight into the batch buffer, behind room for
+    the header, so an uncompressed batch is written once and checksummed in place."""
+    codecs.check_codec(compression, MAGIC_V2)
+    n = sum(len(p) for p in pieces)
+    if n == 0:
+        return []
+    bounds = np.asarray(bounds, dtype=np.int64)
+    if bounds[0] != 0 or bounds[-1] != n:
+        raise ValueError(f"bounds {bounds[0]}..{bounds[-1]} must cover the {n} rows")
+    if _encode_gather is None or not all(_c_takes_input(p.input) for p in pieces):
+        key, value, ts, headers = take_pieces(pieces)
+        return encode_v2_chunks(key, value, ts, headers, bounds, compression, level)
+    args = [(p.input.key, p.input.value, p.input.timestamps, *p.input.header_bytes(), p.rows)
+            for p in pieces]
+    raw_info, buf = _encode_gather(args, bounds, V2_HEADER_SIZE, pa.allocate_buffer)
+    info = np.frombuffer(raw_info, dtype=np.int64).reshape(-1, 4).tolist()
+    view = memoryview(buf).cast("B")
+    out = []
+    for (start, end, base_ts, max_ts), count in zip(info, np.diff(bounds).tolist()):
+        if compression:
+            payload = codecs.compress(compression, view[start + V2_HEADER_SIZE:end], MAGIC_V2,
+                                      level=level)
+            out.append(_v2_batch(payload, count, base_ts, max_ts, compression))
+        else:
+            out.append(_v2_header(view[start:end], count, base_ts, max_ts, compression))
+    return out
+
+
+def _c_takes_input(inp: EncodeInput) -> bool:
+    return (isinstance(inp.key, pa.Array) and isinstance(inp.value, pa.Array)
+            and inp.key.type == _BINARY and inp.value.type == _BINARY
+            and len(inp.key) == len(inp.value) == len(inp.timestamps)
+            and inp.timestamps.ndim == 1
+            and (inp.headers is None or isinstance(inp.headers, pa.Array)))
+
+
+def encode_pieces(pieces: Sequence[Piece], bounds: Sequence[int], *, magic: int,
+                  compression: int, level: Optional[int] = None) -> List[EncodedBatch]:
+    """:func:`encode_chunks` of the pieces' concatenation (gathered in C for magic 2)."""
+    if magic == MAGIC_V2:
+        return encode_v2_pieces(pieces, bounds, compression, level)
+    key, value, ts, headers = take_pieces(pieces)
+    return encode_chunks(key, value, ts, headers, bounds, magic=magic, compression=compression,
+                         level=level)
 
 
 # -- magic 0/1 (and a reference path) -----------------------------------------------------------

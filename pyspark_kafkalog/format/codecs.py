@@ -118,6 +118,24 @@ def compress(codec: int, data: bytes, magic: int = 2, *, level: int | None = Non
     return _zstd_compress(data, level)
 
 
+def max_compressed_size(codec: int, n: int) -> int:
+    """An upper bound of :func:`compress`'s output for ``n`` bytes of input, whatever they are:
+    the sink keeps a batch of several records under ``max.message.bytes`` with it before it
+    compresses (each codec's worst case: stored blocks, literals, block and frame headers)."""
+    blocks = lambda size: -(-n // size) if n else 1   # noqa: E731
+    if codec == NONE:
+        return n
+    if codec == GZIP:       # zlib's compressBound, and the gzip member's header and trailer
+        return n + (n >> 12) + (n >> 14) + (n >> 25) + 13 + 18 + 64
+    if codec == SNAPPY:     # xerial header; per block a length and snappy's 32 + n + n/6
+        return n + n // 6 + 36 * blocks(_SNAPPY_BLOCK) + 16 + 64
+    if codec == LZ4:        # frame header, a stored block's length, the end mark
+        return n + 4 * blocks(_LZ4_BLOCK) + 19 + 4 + 64
+    if codec == ZSTD:       # ZSTD_COMPRESSBOUND and a frame header
+        return n + (n >> 8) + 64 + 18 + 64
+    raise UnsupportedCodecError(f"unknown compression codec id {codec}")
+
+
 def decompress(codec: int, data: bytes | memoryview, magic: int = 2, *,
                max_output: int = MAX_OUTPUT) -> bytes:
     """Decompress a payload as Kafka's reader would, accepting what Kafka accepts.
