@@ -83,6 +83,24 @@ def test_state_is_the_same_for_every_reader_and_survives_snapshots(tmp_path):
     assert MetadataLog(a.cluster.storage).state().to_snapshot() == s1.to_snapshot()
 
 
+def test_a_state_copy_is_equal_and_independent(admin):
+    admin.create_topic("t", 2, configs={"retention.ms": 1000})
+    admin.produce("t", _recs(3), partition=0)
+    prod = Producer(admin.cluster)
+    prod.write({("t", 1): prod.encode("t", _recs(2))})     # an open write: txns, open ranges
+    state = admin.cluster.state()
+    before = json.dumps(state.to_snapshot(), sort_keys=True)
+    c = state.copy()
+    assert json.dumps(c.to_snapshot(), sort_keys=True) == before
+    c.topics["t"]["configs"]["retention.ms"] = "1"
+    c.partition("t", 0).committed[0][1] = 99
+    c.partition("t", 1).open.clear()
+    next(iter(c.txns.values()))["deadline"] = 0
+    c.acls.append({"principal": "x"})
+    c.decided["x"] = "aborted"
+    assert json.dumps(state.to_snapshot(), sort_keys=True) == before
+
+
 def test_an_open_write_holds_back_the_high_watermark(admin):
     admin.create_topic("t")
     prod = Producer(admin.cluster)
