@@ -132,6 +132,8 @@ def choose_partitions(topic: str, partitions: int, keys: pa.Array,
     """The partition of every row: the explicit one (``(values, given mask)``, range-checked),
     else Kafka's murmur2 of the key, else the sticky partitioner."""
     n = len(keys)
+    if explicit is None and keys.null_count == 0:     # the usual case: every row has a key
+        return partitions_for_keys(keys, partitions)
     part = np.full(n, -1, dtype=np.int64)
     todo = np.ones(n, dtype=bool)
     if explicit is not None:
@@ -363,7 +365,8 @@ def _timestamps_ms(col: Optional[pa.Array], n: int, now_ms: int) -> np.ndarray:
     """CreateTime in ms per row: the column's value, or the write time where it is null."""
     if col is None:
         return np.full(n, now_ms, dtype=np.int64)
-    raw = pc.fill_null(col.cast(pa.int64()), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    as_int = col.cast(pa.int64())
+    raw = (pc.fill_null(as_int, 0) if col.null_count else as_int).to_numpy(zero_copy_only=False)
     unit = col.type.unit
     ms = raw * 1000 if unit == "s" else raw // _UNIT_DIV[unit]
     if col.null_count:

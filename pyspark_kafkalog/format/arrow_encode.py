@@ -133,6 +133,10 @@ def varint_pieces(fields: Sequence[Optional[np.ndarray]]) -> pa.Array:
 
 def lengths(arr: pa.Array) -> np.ndarray:
     """Byte length of each element of a binary array, -1 for null (Kafka's null encoding)."""
+    if arr.null_count == 0 and pa.types.is_binary(arr.type) and len(arr):
+        offs = np.frombuffer(arr.buffers()[1], dtype=np.int32,
+                             count=len(arr) + 1, offset=4 * arr.offset)
+        return np.diff(offs).astype(np.int64)
     return pc.fill_null(pc.binary_length(arr), -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
