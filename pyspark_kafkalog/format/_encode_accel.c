@@ -20,7 +20,8 @@
  * Offsets and validity bitmaps come from objects we do not own, so every span is checked
  * against its buffer. The two-pass functions write a record only where it still takes exactly
  * the space pass 1 gave it: a caller's thread changing a numpy array while the GIL is released
- * gets an error, never a write out of bounds. The accumulator holds the GIL throughout.
+ * gets an error, never a write out of bounds. The accumulator holds the GIL throughout and
+ * refuses to be re-entered from its allocate.
  *
  * Also in this module: Kafka's murmur2 partitioner over a binary array (_encode_murmur2.h), the
  * C twin of arrow_encode.py:murmur2_array / partitions_for_keys (same rules: optional, numpy

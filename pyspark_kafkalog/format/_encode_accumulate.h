@@ -14,7 +14,9 @@
  * The rule that closes a batch is arrow_encode.chunk_bounds's, applied as records come: at
  * most batch_records records and, unless one record is bigger, at most batch_size estimated
  * bytes (the caller's sizes); and, exactly, at most max_bytes bytes of records. All calls hold
- * the GIL: a buffer's growth calls `allocate`, and nothing can change the inputs meanwhile. */
+ * the GIL, so nothing can change the inputs meanwhile; a buffer's growth calls `allocate`,
+ * Python code that could call back in while an open batch's state is cached, so append and
+ * drain refuse to be re-entered. */
 typedef struct {
     PyObject *obj;            /* the open batch's buffer, NULL: no open batch */
     Py_buffer view;
@@ -29,6 +31,7 @@ typedef struct {
     int64_t batch_records, batch_size, max_bytes, room;
     PyObject *allocate;
     Open *open;
+    int busy;                 /* in append or drain: `allocate` must not re-enter them */
 } Accumulator;
 
 #define FIRST_GUESS ((int64_t)64 << 10)
@@ -139,6 +142,23 @@ acc_reserve(Accumulator *self, Open *o, int64_t need)
     return 0;
 }
 
+/* 0 and busy, or -1 with RuntimeError when the accumulator is already in a call. */
+static int
+acc_enter(Accumulator *self)
+{
+    if (self->open == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Accumulator was not initialised");
+        return -1;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Accumulator.append and drain cannot be called from its allocate");
+        return -1;
+    }
+    self->busy = 1;
+    return 0;
+}
+
 PyDoc_STRVAR(acc_append_doc,
 "append(key, value, timestamps, hrec, hcount, partitions, sizes)\n--\n\n"
 "Appends each row, in order, to the open batch of its partition. The first five arguments\n"
@@ -156,10 +176,8 @@ acc_append(Accumulator *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOO:append", &key, &value, &ts_obj, &hrec_obj, &hcount_obj,
                           &parts_obj, &sizes_obj))
         return NULL;
-    if (self->open == NULL) {
-        PyErr_SetString(PyExc_TypeError, "Accumulator was not initialised");
+    if (acc_enter(self) < 0)
         return NULL;
-    }
     Input in;
     memset(&in, 0, sizeof(in));
     Py_buffer ts_view, hc_view, parts_view, sizes_view;
@@ -167,7 +185,7 @@ acc_append(Accumulator *self, PyObject *args)
     PyObject *out = NULL;
     Py_ssize_t n = PyObject_Length(value);
     if (n < 0)
-        return NULL;
+        goto done;
     if (binary_open(key, "key", n, &in.key) < 0 || binary_open(value, "value", n, &in.value) < 0)
         goto done;
     if (hrec_obj != Py_None) {
@@ -249,6 +267,7 @@ done:
     binary_close(&in.hrec);
     binary_close(&in.value);
     binary_close(&in.key);
+    self->busy = 0;
     return out;
 }
 
@@ -259,14 +278,13 @@ PyDoc_STRVAR(acc_drain_doc,
 static PyObject *
 acc_drain(Accumulator *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
+    if (acc_enter(self) < 0)
         return NULL;
-    for (Py_ssize_t p = 0; self->open != NULL && p < self->nparts; p++)
-        if (self->open[p].count > 0 && acc_close(self, p, out) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t p = 0; out != NULL && p < self->nparts; p++)
+        if (self->open[p].count > 0 && acc_close(self, p, out) < 0)
+            Py_CLEAR(out);
+    self->busy = 0;
     return out;
 }
 

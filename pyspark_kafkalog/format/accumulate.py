@@ -141,7 +141,9 @@ class PieceAccumulator:
                              f"0..{self.partitions - 1}")
         n = len(part)
         out: List[Closed] = []
-        if n and (part == part[0]).all():      # one partition (e.g. after the shuffle helper)
+        if n == 0:
+            return out
+        if (part == part[0]).all():      # one partition (e.g. after the shuffle helper)
             self._add(int(part[0]), Piece(data, None), sizes, out)
             return out
         # numpy's stable sort is a radix sort for 16-bit keys: partitions nearly always fit
