@@ -8,8 +8,12 @@ spark-read: the same rows read (and fully materialised with the ``noop`` sink) f
 spark-write: the same DataFrame written to
   - a kafkalog topic (``df.write.format("kafkalog")``, one atomic job commit),
   - a no-op Python Arrow sink (consumes the Arrow batches, keeps nothing),
+  - a "bytes" Python Arrow sink that only writes the rows' key and value bytes to one fsynced
+    file per task in the same directory: the storage floor, which shows what the kernel's
+    share of any write (page cache, fsync) costs on this machine,
   - Parquet.
-Ratios are taken within the run: kafkalog / no-op and kafkalog / Parquet (throughput).
+Ratios are taken within the run: kafkalog / no-op, kafkalog / Parquet and, for writes,
+kafkalog / bytes (throughput).
 """
 from __future__ import annotations
 
@@ -71,7 +75,8 @@ class NoopSource(DataSource):
                           int(self.options["value_bytes"]))
 
     def writer(self, schema, overwrite):
-        return NoopWriter()
+        target = self.options.get("dir")
+        return BytesWriter(target) if target else NoopWriter()
 
 
 class NoopReader(DataSourceReader):
@@ -105,6 +110,41 @@ class NoopWriter(DataSourceArrowWriter):
         pass
 
 
+class BytesWriter(DataSourceArrowWriter):
+    """The storage floor: writes each row's key and value bytes, as they come, to one file per
+    task and fsyncs it, as the kafkalog sink does with its segments, and does nothing else. The
+    kernel's share of a write (copying into the page cache, allocating its pages, the fsync)
+    is in here and in kafkalog alike, and absent from the no-op sink."""
+
+    def __init__(self, target: str):
+        self.target = target
+
+    def write(self, iterator) -> WriterCommitMessage:
+        import uuid
+        fd = os.open(os.path.join(self.target, uuid.uuid4().hex), os.O_WRONLY | os.O_CREAT
+                     | os.O_EXCL, 0o644)
+        try:
+            for batch in iterator:
+                views = []
+                for name in ("key", "value"):
+                    arr = batch.column(name)
+                    offs = arr.buffers()[1]
+                    lo, hi = (int.from_bytes(offs[4 * i:4 * i + 4], "little", signed=True)
+                              for i in (arr.offset, arr.offset + len(arr)))
+                    views.append(memoryview(arr.buffers()[2])[lo:hi])
+                os.writev(fd, views)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return WriterCommitMessage()
+
+    def commit(self, messages):
+        pass
+
+    def abort(self, messages):
+        pass
+
+
 def round_robin(repeat: int, fns: Dict[str, Callable[[], object]]) -> Dict[str, list]:
     """Every contender ``repeat`` times, taking turns, so that drift in a shared machine's load
     falls on all of them alike; returns the sorted wall times per contender."""
@@ -124,6 +164,9 @@ def _summary(rows: int, times: Dict[str, list], noop: str) -> Dict[str, object]:
             "rows_per_s": {k: rows / v for k, v in best.items()},
             "ratio_vs_noop": best[noop] / best["kafkalog"],
             "ratio_vs_parquet": best["parquet"] / best["kafkalog"],
+            **({"ratio_vs_bytes": best["bytes-sink"] / best["kafkalog"],
+                "median_ratio_vs_bytes": median["bytes-sink"] / median["kafkalog"]}
+               if "bytes-sink" in times else {}),
             "median_ratio_vs_noop": median[noop] / median["kafkalog"],
             "median_ratio_vs_parquet": median["parquet"] / median["kafkalog"]}
 
@@ -197,6 +240,8 @@ def run_spark_write(args) -> Dict[str, object]:
         src.count()
         from pyspark_kafkalog.admin import Admin
         url = os.path.join(tmp, "cluster")
+        raw = os.path.join(tmp, "raw")
+        os.makedirs(raw)
         Admin(url).create_topic("bench", args.partitions,
                                 configs={"segment.bytes": 256 << 20, "compression.type": args.codec})
         n = [0]
@@ -209,6 +254,8 @@ def run_spark_write(args) -> Dict[str, object]:
             "kafkalog": lambda: src.write.format("kafkalog").option("topic", "bench")
             .mode("append").save(url),
             "noop-sink": lambda: src.write.format("bench_noop").mode("append").save(),
+            "bytes-sink": lambda: src.write.format("bench_noop").option("dir", raw)
+            .mode("append").save(),
             "parquet": parquet,
         }
         for fn in writers.values():   # warm-up: Python workers, imports, JIT
@@ -242,4 +289,7 @@ def render(name: str, result: Dict[str, object]) -> str:
                  f"median {result['median_ratio_vs_noop']:.2f}x")
     lines.append(f"  ratio vs Parquet: best {result['ratio_vs_parquet']:.2f}x   "
                  f"median {result['median_ratio_vs_parquet']:.2f}x")
+    if "ratio_vs_bytes" in result:
+        lines.append(f"  ratio vs bytes:   best {result['ratio_vs_bytes']:.2f}x   "
+                     f"median {result['median_ratio_vs_bytes']:.2f}x")
     return "\n".join(lines)

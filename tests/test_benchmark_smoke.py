@@ -78,3 +78,5 @@ def test_spark_sections_run_on_a_tiny_workload(spark):
     write = bench_spark.run_spark_write(args)
     assert write["kafkalog_rows_written"] == 4000 * (1 + args.repeat)   # warm-up + repeats
     assert "ratio vs Parquet" in bench_spark.render("spark-write", write)
+    assert _positive(write["ratio_vs_bytes"])
+    assert "ratio vs bytes" in bench_spark.render("spark-write", write)
