@@ -181,6 +181,19 @@ def test_sanity_checks_match_kafka(buf):
         assert _kafka_time_sanity(buf)
 
 
+def test_timestamps_at_the_int64_ends_are_ordered_without_wrapping():
+    """-2**63 after 1 goes backwards, though their int64 difference wraps to a positive one;
+    Hypothesis found it (the decode took it, Kafka's sanity check refuses it)."""
+    buf = struct.pack(">qiqi", 1, 0, -2**63, 0)
+    assert not _kafka_time_sanity(buf)
+    with pytest.raises(CorruptIndexError, match="below the previous"):
+        ix.decode_time_index(buf, 1000)
+    with pytest.raises(InvalidRecordError, match="non-decreasing|must both"):
+        ix.encode_time_index([(1, 1000), (-2**63, 1000)], 1000)
+    ts, _ = ix.decode_time_index(struct.pack(">qiqi", -2**63, 0, 2**63 - 1, 1), 1000)
+    assert ts.tolist() == [-2**63, 2**63 - 1]
+
+
 @needs_golden
 def test_truncated_and_garbled_golden():
     path = max(OFFSET_FILES, key=lambda p: p.stat().st_size)

@@ -253,7 +253,7 @@ def decode_time_index(buf, base_offset: int) -> tuple[np.ndarray, np.ndarray]:
             i = _first_bad(bad)
             raise CorruptIndexError(f"time index entry {i}: offset {base + rel[i]} is below the "
                                     f"base offset {base}")
-        if (bad := np.diff(ts) < 0).any():
+        if (bad := ts[1:] < ts[:-1]).any():   # not np.diff: it wraps at the int64 ends
             i = _first_bad(bad) + 1
             raise CorruptIndexError(f"time index entry {i}: timestamp {ts[i]} is below the "
                                     f"previous entry's {ts[i - 1]}")
@@ -281,7 +281,7 @@ def encode_time_index(entries: Iterable[tuple[int, int]], base_offset: int) -> b
     ts, offsets = arr[:, 0], arr[:, 1]
     if arr.size:
         _check_relative_range(offsets, base)
-        if (np.diff(ts) < 0).any() or (np.diff(offsets) < 0).any():
+        if (ts[1:] < ts[:-1]).any() or (np.diff(offsets) < 0).any():
             raise InvalidRecordError("time index timestamps and offsets must both be "
                                      "non-decreasing")
     out = np.empty(len(arr), dtype=_TIME_DTYPE)
