@@ -36,7 +36,10 @@ option                           default                    meaning
 ``kafkalog.principal``           ``$KAFKALOG_PRINCIPAL``    who writes, for ACLs
 ``kafkalog.snapshot.interval``   50                         metadata snapshot interval
 ``storage.<name>``               —                          storage backend options (S3 endpoint,
-                                                            credentials), as in cluster.properties
+                                                            credentials), as in cluster.properties;
+                                                            ``storage.direct_io=true``: local
+                                                            segments bypass the page cache
+                                                            (docs/spark-write.md)
 ``kafka.bootstrap.servers``      error                      there are no brokers: use ``path``
 ``kafka.compression.type``,      error                      producer settings that change what is
 ``kafka.batch.size``, …                                     written: the error names our option

@@ -23,18 +23,23 @@ def open_storage(url: str, **storage_options) -> Storage:
     ``storage_options`` such as ``endpoint_url``, ``key``, ``secret``, ``client_kwargs`` go to
     s3fs), or any other fsspec URL (see :class:`FsspecStorage` for what that can and cannot do).
     ``fsync`` (default True) applies to local storage and is accepted and ignored elsewhere, so
-    callers can pass one set of options whatever the URL.
+    callers can pass one set of options whatever the URL. ``direct_io`` (default False: true or
+    false, also as a string, as ``storage.direct_io`` in options and cluster.properties) is for
+    local storage only: segments bypass the page cache (:class:`LocalStorage`).
     """
     if not isinstance(url, str) or not url:
         raise InvalidConfigError(f"storage url must be a non-empty str, got {url!r}")
     fsync = storage_options.pop("fsync", True)
+    direct_io = _flag("direct_io", storage_options.pop("direct_io", False))
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    if direct_io and scheme not in ("", "file", "local"):
+        raise InvalidConfigError(f"{url}: storage option direct_io applies to local storage only")
 
     if scheme in ("", "file", "local"):
         path = _local_path(url, scheme)
         if storage_options:
             raise InvalidConfigError(f"unknown options for local storage: {sorted(storage_options)}")
-        return LocalStorage(path, fsync=fsync)
+        return LocalStorage(path, fsync=fsync, direct_io=direct_io)
 
     rest = url.split("://", 1)[1].strip("/")
     if scheme == "memory":
@@ -55,6 +60,15 @@ def open_storage(url: str, **storage_options) -> Storage:
             raise InvalidConfigError(f"{url}: s3 support needs the s3fs package ({e})") from e
 
     return _open_generic(url, scheme, storage_options)
+
+
+def _flag(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise InvalidConfigError(f"storage option {name} must be true or false, not {value!r}")
+    return text == "true"
 
 
 def _local_path(url: str, scheme: str) -> str:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import shutil
+import threading
 from typing import Optional
 
 from ..errors import AlreadyExistsError, InvalidConfigError, StorageNotFoundError
@@ -32,6 +34,55 @@ _NO_LINK_ERRNOS = frozenset(
 
 
 _IOV_MAX = 1024   # POSIX's minimum IOV_MAX is 16, Linux and macOS allow 1024
+
+#: O_DIRECT needs buffer addresses, lengths and file offsets aligned to the device's logical
+#: block: 4096 covers 512-byte and 4K-native devices alike.
+_DIRECT_ALIGN = 4096
+#: Smaller files are written through the page cache: for them the copy into the aligned staging
+#: buffer and the extra calls cost more than the page cache does.
+_DIRECT_MIN = 1 << 20
+_DIRECT_CHUNK = 8 << 20
+_staging = threading.local()
+
+
+def _staging_buffer() -> mmap.mmap:
+    """This thread's page-aligned staging buffer for O_DIRECT writes (kept: its pages stay
+    mapped, so later writes do not fault them in again)."""
+    buf = getattr(_staging, "buf", None)
+    if buf is None:
+        buf = _staging.buf = mmap.mmap(-1, _DIRECT_CHUNK)
+    return buf
+
+
+def _write_direct(fd: int, views: list, total: int) -> bool:
+    """Write ``views`` back to back to the O_DIRECT ``fd`` through the staging buffer, the last
+    block zero-padded and then cut off with ``ftruncate``; False on a short write (nothing is
+    promised about the file then: the caller writes it again without O_DIRECT)."""
+    buf = _staging_buffer()
+    out = memoryview(buf)
+    fill = 0
+
+    def flush(n: int) -> bool:
+        return os.write(fd, out[:n]) == n
+
+    for v in views:
+        pos = 0
+        while pos < len(v):
+            k = min(len(v) - pos, _DIRECT_CHUNK - fill)
+            out[fill:fill + k] = v[pos:pos + k]
+            fill += k
+            pos += k
+            if fill == _DIRECT_CHUNK:
+                if not flush(fill):
+                    return False
+                fill = 0
+    if fill:
+        padded = -(-fill // _DIRECT_ALIGN) * _DIRECT_ALIGN
+        out[fill:padded] = bytes(padded - fill)
+        if not flush(padded):
+            return False
+    os.ftruncate(fd, total)
+    return True
 
 
 def _writev_all(fd: int, views: list) -> None:
@@ -93,15 +144,22 @@ class LocalStorage(Storage):
     * ``truncate`` is in place; reads and listings see writes at once (one kernel page cache).
     * ``durable_on_return`` holds only with ``fsync=True`` (the default); tests switch it off for
       speed, which keeps every guarantee against process crashes, only not against power loss.
+    * ``direct_io=True`` (default False; Linux): files of 1 MiB and more written whole by
+      ``create_if_absent_pieces`` (segments) bypass the page cache (``O_DIRECT``, through an
+      aligned staging buffer); the fsync and the link stay. Cheaper where filling the page cache
+      is expensive (some VMs: docs/spark-write.md), and the writer does not evict other data; the
+      price is that the first read of new data comes from the device. A filesystem that refuses
+      ``O_DIRECT`` (EINVAL) gets buffered writes, silently.
 
     Temp files are named ``.<target>.tmp-<16 hex>`` (see :meth:`Storage.is_temp_name`): a writer
     killed between writing and publishing leaves one, which listings hide and
     :meth:`cleanup_temp_files` removes.
     """
 
-    def __init__(self, root: str, *, fsync: bool = True):
+    def __init__(self, root: str, *, fsync: bool = True, direct_io: bool = False):
         self._root = os.path.abspath(os.path.expanduser(root))
         self._fsync = bool(fsync)
+        self._direct = bool(direct_io) and hasattr(os, "O_DIRECT")
         self._link_ok = True
         self._mappable: Optional[bool] = None   # map(): decided on first use
         self.url = "file://" + self._root
@@ -120,10 +178,11 @@ class LocalStorage(Storage):
             durable_on_return=self._fsync, multi_process=True)
 
     def __getstate__(self):
-        return {"root": self._root, "fsync": self._fsync}
+        return {"root": self._root, "fsync": self._fsync, "direct_io": self._direct}
 
     def __setstate__(self, state):
-        self.__init__(state["root"], fsync=state["fsync"])
+        self.__init__(state["root"], fsync=state["fsync"],
+                      direct_io=state.get("direct_io", False))
 
     def _abs(self, path: str, *, allow_root: bool = False) -> str:
         return os.path.join(self._root, *split_path(path, allow_root=allow_root))
@@ -251,6 +310,10 @@ class LocalStorage(Storage):
         """A new, complete, synced temp file beside ``target``; returns its path."""
         directory, name = os.path.split(target)
         _ensure_dir(directory)
+        if self._direct and isinstance(data, list):
+            tmp = self._write_temp_direct(directory, name, data)
+            if tmp is not None:
+                return tmp
         tmp = os.path.join(directory, temp_name_for(name))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -261,6 +324,39 @@ class LocalStorage(Storage):
             raise
         os.close(fd)
         return tmp
+
+    def _write_temp_direct(self, directory: str, name: str, pieces: list) -> Optional[str]:
+        """The temp file written with O_DIRECT, or None when the pieces are too small or the
+        filesystem refuses (then nothing is left behind, and the caller writes it buffered)."""
+        views = [memoryview(p).cast("B") for p in pieces if len(p)]
+        total = sum(len(v) for v in views)
+        if total < _DIRECT_MIN:
+            return None
+        tmp = os.path.join(directory, temp_name_for(name))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self._direct = False
+            log.info("%s: O_DIRECT refused (%s); writing through the page cache", self.url, e)
+            return None
+        done = False
+        try:
+            done = _write_direct(fd, views, total)
+            if done and self._fsync:
+                os.fsync(fd)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self._direct = False   # an alignment this filesystem wants that we do not give
+            log.info("%s: O_DIRECT write refused (%s); writing through the page cache",
+                     self.url, e)
+        finally:
+            os.close(fd)
+            if not done:
+                _unlink_quietly(tmp)
+        return tmp if done else None
 
     def create_if_absent_pieces(self, path: str, pieces) -> None:
         self.create_if_absent(path, list(pieces))   # _write_fd takes the list: one writev
