@@ -245,6 +245,7 @@ def run_spark_write(args) -> Dict[str, object]:
         Admin(url).create_topic("bench", args.partitions,
                                 configs={"segment.bytes": 256 << 20, "compression.type": args.codec})
         n = [0]
+        extra = {"storage.direct_io": "true"} if args.direct_io else {}
 
         def parquet():
             n[0] += 1
@@ -252,7 +253,7 @@ def run_spark_write(args) -> Dict[str, object]:
 
         writers = {
             "kafkalog": lambda: src.write.format("kafkalog").option("topic", "bench")
-            .mode("append").save(url),
+            .options(**extra).mode("append").save(url),
             "noop-sink": lambda: src.write.format("bench_noop").mode("append").save(),
             "bytes-sink": lambda: src.write.format("bench_noop").option("dir", raw)
             .mode("append").save(),
@@ -277,6 +278,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None,
                    help="where the data goes (default: the system temp dir); e.g. /dev/shm to "
                         "take the disk out of the comparison")
+    p.add_argument("--direct-io", action="store_true",
+                   help="spark-write: kafkalog writes its segments with storage.direct_io=true "
+                        "(O_DIRECT, bypassing the page cache)")
 
 
 def render(name: str, result: Dict[str, object]) -> str:
