@@ -26,8 +26,6 @@ SWITCHES = {
                        "print(m.ACCELERATED, m._encode_records is not None)",
     "murmur2": "from pyspark_kafkalog.format import arrow_encode as m; "
                "print(m._murmur2_hashes is not None, m._murmur2_partitions is not None)",
-    "records gatherer": "from pyspark_kafkalog.format import arrow_encode as m; "
-                        "print(m._encode_gather is not None, m._encode_gather is not None)",
     "sink accumulator": "from pyspark_kafkalog.format import accumulate as m; "
                         "a = m.new_accumulator('t', 2, magic=2, compression=0, level=None, "
                         "batch_records=10, batch_size=1000, max_message_bytes=10000); "

@@ -3,7 +3,7 @@
 ``BatchAccumulator`` (C ``_encode_accel.Accumulator``) and ``PieceAccumulator`` (the Python
 reference) close the same batches, byte for byte, while ``max.message.bytes`` does not bind;
 every row comes back once, in order, in its partition; no batch passes ``max.message.bytes``;
-``encode_v2_pieces`` (C gather, or take + concat) equals ``encode_v2_chunks`` of its rows.
+``encode_pieces`` (the Python accumulator's route) equals ``encode_v2_chunks`` of its rows.
 Seeded loops keep it all deterministic.
 """
 from __future__ import annotations
@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kafka.record.memory_records import MemoryRecords
 from pyspark_kafkalog.errors import RecordTooLargeError
-from pyspark_kafkalog.format import accumulate, arrow_encode, codecs
+from pyspark_kafkalog.format import accumulate, codecs
 from pyspark_kafkalog.format.accumulate import BatchAccumulator, PieceAccumulator, records_limit
 from pyspark_kafkalog.format.arrow_encode import (HEADER_TYPE, EncodeInput, Piece,
-                                                  encode_v2_chunks, encode_v2_pieces,
+                                                  encode_pieces, encode_v2_chunks,
                                                   estimated_sizes, slice_pieces, take_pieces)
 from pyspark_kafkalog.format.batch import V2_HEADER_SIZE
 from pyspark_kafkalog.format.columnar import decode_records
@@ -31,7 +31,6 @@ from pyspark_kafkalog.format.encode import assign_offsets
 
 REASON = "the optional C extension _encode_accel is not built"
 needs_acc = pytest.mark.skipif(accumulate._Accumulator is None, reason=REASON)
-needs_gather = pytest.mark.skipif(arrow_encode._encode_gather is None, reason=REASON)
 CODECS = [codecs.NONE, codecs.GZIP, codecs.SNAPPY, codecs.LZ4, codecs.ZSTD]
 BIG = 10**7   # a max.message.bytes that never binds here
 
@@ -281,7 +280,7 @@ def test_records_limit_is_the_largest_that_fits(codec):
     assert records_limit(codecs.NONE, 1000) == 1000 - V2_HEADER_SIZE
 
 
-# -- encode_v2_pieces ------------------------------------------------------------------------
+# -- encode_pieces ---------------------------------------------------------------------------
 
 def random_pieces(rng):
     inputs = [make_input(rng, rng.randrange(0, 30), rng.random() < 0.6) for _ in range(3)]
@@ -307,23 +306,18 @@ def reference_chunks(rows, with_headers, bounds, codec):
                             np.array([r[2] for r in rows], np.int64), headers, bounds, codec)
 
 
-@pytest.mark.parametrize("path", ["c", "fallback"])
 @pytest.mark.parametrize("codec", [codecs.NONE, codecs.LZ4, codecs.GZIP])
-def test_encode_v2_pieces_equals_chunks_of_the_taken_rows(path, codec, monkeypatch):
-    if path == "c" and arrow_encode._encode_gather is None:
-        pytest.skip(REASON)
-    if path == "fallback":
-        monkeypatch.setattr(arrow_encode, "_encode_gather", None)
+def test_encode_pieces_equals_chunks_of_the_taken_rows(codec):
     rng = random.Random(7 + codec)
     for _ in range(150):
         pieces, rows = random_pieces(rng)
         n = len(rows)
         if n == 0:
-            assert encode_v2_pieces(pieces, [0], codec) == []
+            assert encode_pieces(pieces, [0], magic=2, compression=codec) == []
             continue
         bounds = [0] + sorted(rng.sample(range(1, n), rng.randrange(min(n - 1, 6) + 1))) + [n]
         with_headers = any(p.input.headers is not None for p in pieces)
-        got = encode_v2_pieces(pieces, bounds, codec)
+        got = encode_pieces(pieces, bounds, magic=2, compression=codec)
         want = reference_chunks(rows, with_headers, bounds, codec)
         assert by_partition([(0, b) for b in got], codec) == by_partition(
             [(0, b) for b in want], codec)
@@ -336,47 +330,6 @@ def test_encode_v2_pieces_equals_chunks_of_the_taken_rows(path, codec, monkeypat
 
 
 # -- the C functions keep memory safe ---------------------------------------------------------
-
-@needs_gather
-def test_gather_checks_its_arguments():
-    from pyspark_kafkalog.format._encode_accel import encode_v2_gather as gather
-    inp, _ = make_input(random.Random(3), 3, True)
-
-    def piece(rows):
-        return (inp.key, inp.value, inp.timestamps, *inp.header_bytes(), rows)
-
-    def call(pieces, bounds, room=V2_HEADER_SIZE, alloc=pa.allocate_buffer):
-        return gather(pieces, np.array(bounds, np.int64), room, alloc)
-
-    call([piece(None)], [0, 3])
-    for rows in ([0, 3], [-1], [2, 5, 0], [2**40]):
-        with pytest.raises(IndexError):
-            call([piece(np.array(rows, np.int64))], [0, len(rows)])
-    # not strictly rising (an empty batch), not covering the rows, or going back
-    for bounds in ([0, 0, 3], [0, 2, 2, 3], [0, 3, 3], [0, 2], [0, 4], [1, 3], [0, 2, 1, 3]):
-        with pytest.raises(ValueError, match="bounds"):
-            call([piece(None)], bounds)
-    for bad in (piece(None)[:5], list(piece(None)), piece(None) + (None,), None):
-        with pytest.raises(TypeError):
-            call([bad], [0, 3])
-    with pytest.raises(TypeError, match="int64"):
-        call([piece(np.array([0, 1], np.int32))], [0, 2])
-    with pytest.raises(ValueError, match="room"):
-        call([piece(None)], [0, 3], room=5000)
-    # allocate runs between the sizing and the writing pass: rows changed there are an error
-    for new, error in ((5, IndexError), (1, RuntimeError)):
-        rows, sizes = np.array([0, 0], np.int64), []
-
-        def alloc(size, rows=rows, new=new, sizes=sizes):
-            sizes.append(size)
-            if len(sizes) == 2:     # the data buffer, sized for rows [0, 0]
-                rows[1] = new
-            return pa.allocate_buffer(size)
-        big = EncodeInput(inp.key, pa.array([b"x", b"y" * 5000, b""]), inp.timestamps, None)
-        with pytest.raises(error):
-            gather([(big.key, big.value, big.timestamps, None, None, rows)],
-                   np.array([0, 2], np.int64), V2_HEADER_SIZE, alloc)
-
 
 @needs_acc
 def test_accumulator_checks_its_arguments():

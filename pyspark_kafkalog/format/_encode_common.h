@@ -25,7 +25,6 @@ enum {
     E_SPAN,        /* an element's offsets leave its data buffer or run backwards */
     E_TOO_MANY,    /* the records section reaches MAX_TOTAL bytes */
     E_CHANGED,     /* pass 2 found a record of another size than pass 1 */
-    E_ROW,         /* a row number outside its piece's arrays */
 };
 
 /* Unaligned-safe loads: buffers from pa.py_buffer or numpy views need not be aligned. */
@@ -322,9 +321,6 @@ raise_failure(int code)
     case E_SPAN:
         PyErr_SetString(PyExc_ValueError,
                         "an element's offsets leave its array's data buffer");
-        break;
-    case E_ROW:
-        PyErr_SetString(PyExc_IndexError, "a row number is outside its piece's arrays");
         break;
     default:
         PyErr_SetString(PyExc_RuntimeError,

@@ -14,10 +14,9 @@ available) writes it in two passes straight into one buffer, and the numpy/Arrow
 the fallback and reference; ``KAFKALOG_PURE_PYTHON=1`` forces it. Both give the same bytes.
 
 Rows buffered per partition as pieces (:class:`Piece`: an input batch and the numbers of its
-rows) are encoded by :func:`encode_v2_pieces`: the C code gathers each row from its input batch
-into the batch buffer behind room for the header, so nothing is copied before and the CRC runs
-in place; the fallback takes and concatenates the rows first. The Spark sink's usual route is
-the accumulator built on these pieces (``format/accumulate.py``).
+rows) are taken and encoded a batch's worth at a time by :func:`encode_pieces`: the route of the
+Python accumulator (``format/accumulate.py``). The Spark sink's usual route is the C
+accumulator there, which writes each record straight into its batch as the rows come.
 
 The bytes are exactly what :func:`encode.encode_batch_v2` writes for the same records (tested),
 which in turn is what Kafka's ``MemoryRecordsBuilder`` writes. Magic 0/1 (legacy message sets,
@@ -55,8 +54,6 @@ if os.environ.get("KAFKALOG_PURE_PYTHON", "") != "1":
 ACCELERATED: bool = _accel is not None
 #: The C records builder, or None for the numpy one; tests swap it to compare the two.
 _encode_records = _accel.encode_v2_records if _accel is not None else None
-#: The C gatherer of :func:`encode_v2_pieces`, or None for take + concatenate + the above.
-_encode_gather = getattr(_accel, "encode_v2_gather", None)
 
 _EMPTY = pa.scalar(b"", pa.binary())
 _BINARY = pa.binary()
@@ -304,7 +301,7 @@ def _v2_header(data: memoryview, count: int, base_ts: int, max_ts: int,
     return EncodedBatch(data, MAGIC_V2, 0, count - 1, max_ts, count, compression)
 
 
-# -- rows gathered from several input batches ---------------------------------------------------
+# -- rows buffered as pieces of several input batches ------------------------------------------
 
 class EncodeInput:
     """One input batch's columns as the encoders take them (``key``/``value`` binary arrays,
@@ -382,50 +379,9 @@ def take_pieces(pieces: Sequence[Piece]):
             cat(hdrs, HEADER_TYPE) if with_headers else None)
 
 
-def encode_v2_pieces(pieces: Sequence[Piece], bounds: Sequence[int], compression: int,
-                     level: Optional[int] = None) -> List[EncodedBatch]:
-    """:func:`encode_v2_chunks` of the pieces' concatenation, without materialising it: the C
-    code gathers each row from its input batch straight into the batch buffer, behind room for
-    the header, so an uncompressed batch is written once and checksummed in place."""
-    codecs.check_codec(compression, MAGIC_V2)
-    n = sum(len(p) for p in pieces)
-    if n == 0:
-        return []
-    bounds = np.asarray(bounds, dtype=np.int64)
-    if bounds[0] != 0 or bounds[-1] != n:
-        raise ValueError(f"bounds {bounds[0]}..{bounds[-1]} must cover the {n} rows")
-    if _encode_gather is None or not all(_c_takes_input(p.input) for p in pieces):
-        key, value, ts, headers = take_pieces(pieces)
-        return encode_v2_chunks(key, value, ts, headers, bounds, compression, level)
-    args = [(p.input.key, p.input.value, p.input.timestamps, *p.input.header_bytes(), p.rows)
-            for p in pieces]
-    raw_info, buf = _encode_gather(args, bounds, V2_HEADER_SIZE, pa.allocate_buffer)
-    info = np.frombuffer(raw_info, dtype=np.int64).reshape(-1, 4).tolist()
-    view = memoryview(buf).cast("B")
-    out = []
-    for (start, end, base_ts, max_ts), count in zip(info, np.diff(bounds).tolist()):
-        if compression:
-            payload = codecs.compress(compression, view[start + V2_HEADER_SIZE:end], MAGIC_V2,
-                                      level=level)
-            out.append(_v2_batch(payload, count, base_ts, max_ts, compression))
-        else:
-            out.append(_v2_header(view[start:end], count, base_ts, max_ts, compression))
-    return out
-
-
-def _c_takes_input(inp: EncodeInput) -> bool:
-    return (isinstance(inp.key, pa.Array) and isinstance(inp.value, pa.Array)
-            and inp.key.type == _BINARY and inp.value.type == _BINARY
-            and len(inp.key) == len(inp.value) == len(inp.timestamps)
-            and inp.timestamps.ndim == 1
-            and (inp.headers is None or isinstance(inp.headers, pa.Array)))
-
-
 def encode_pieces(pieces: Sequence[Piece], bounds: Sequence[int], *, magic: int,
                   compression: int, level: Optional[int] = None) -> List[EncodedBatch]:
-    """:func:`encode_chunks` of the pieces' concatenation (gathered in C for magic 2)."""
-    if magic == MAGIC_V2:
-        return encode_v2_pieces(pieces, bounds, compression, level)
+    """:func:`encode_chunks` of the pieces' concatenation, taken from their input batches."""
     key, value, ts, headers = take_pieces(pieces)
     return encode_chunks(key, value, ts, headers, bounds, magic=magic, compression=compression,
                          level=level)
