@@ -50,10 +50,10 @@ encode_v2_records(PyObject *Py_UNUSED(self), PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOO:encode_v2_records", &key, &value, &ts_obj, &bounds_obj,
                           &hrec_obj, &hcount_obj, &allocate))
         return NULL;
-    Input in;
-    memset(&in, 0, sizeof(in));
-    Py_buffer ts_view, hc_view;
-    int have_ts = 0, have_hc = 0, have_offs = 0, have_data = 0;
+    OpenInput cols;
+    memset(&cols, 0, sizeof(cols));
+    Input *in = &cols.in;
+    int have_offs = 0, have_data = 0;
     PyObject *offs_obj = NULL, *data_obj = NULL, *result = NULL;
     Py_buffer offs_view, data_view;
     int64_t *bounds = NULL;
@@ -61,27 +61,12 @@ encode_v2_records(PyObject *Py_UNUSED(self), PyObject *args)
     Py_ssize_t n = PyObject_Length(value);
     if (n < 0)
         return NULL;
-    if (binary_open(key, "key", n, &in.key) < 0 || binary_open(value, "value", n, &in.value) < 0)
+    if (input_open(&cols, key, value, ts_obj, hrec_obj, hcount_obj, n) < 0)
         goto done;
-    if (hrec_obj != Py_None) {
-        if (binary_open(hrec_obj, "hrec", n, &in.hrec) < 0)
-            goto done;
-        in.with_hrec = 1;
-    }
-    if (int64_open(ts_obj, "timestamps", n, &ts_view) < 0)
-        goto done;
-    have_ts = 1;
-    in.ts = (const uint8_t *)ts_view.buf;
-    if (hcount_obj != Py_None) {
-        if (int64_open(hcount_obj, "hcount", n, &hc_view) < 0)
-            goto done;
-        have_hc = 1;
-        in.hcount = (const uint8_t *)hc_view.buf;
-    }
-    bounds = copy_bounds(bounds_obj, n, &in.nbounds);
+    bounds = copy_bounds(bounds_obj, n, &in->nbounds);
     if (bounds == NULL)
         goto done;
-    in.bounds = bounds;
+    in->bounds = bounds;
     if (n > PY_SSIZE_T_MAX / 8 - 1) {
         PyErr_NoMemory();
         goto done;
@@ -93,7 +78,7 @@ encode_v2_records(PyObject *Py_UNUSED(self), PyObject *args)
     have_offs = 1;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = size_records(&in, offs);
+    rc = size_records(in, offs);
     Py_END_ALLOW_THREADS
     if (rc != E_OK) {
         raise_failure(rc);
@@ -105,7 +90,7 @@ encode_v2_records(PyObject *Py_UNUSED(self), PyObject *args)
         goto done;
     have_data = 1;
     Py_BEGIN_ALLOW_THREADS
-    rc = fill_records(&in, offs, out);
+    rc = fill_records(in, offs, out);
     Py_END_ALLOW_THREADS
     if (rc != E_OK) {
         raise_failure(rc);
@@ -120,13 +105,7 @@ done:
     Py_XDECREF(data_obj);
     Py_XDECREF(offs_obj);
     free(bounds);
-    if (have_hc)
-        PyBuffer_Release(&hc_view);
-    if (have_ts)
-        PyBuffer_Release(&ts_view);
-    binary_close(&in.hrec);
-    binary_close(&in.value);
-    binary_close(&in.key);
+    input_close(&cols);
     return result;
 }
 

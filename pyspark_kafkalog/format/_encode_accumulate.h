@@ -178,31 +178,15 @@ acc_append(Accumulator *self, PyObject *args)
         return NULL;
     if (acc_enter(self) < 0)
         return NULL;
-    Input in;
-    memset(&in, 0, sizeof(in));
-    Py_buffer ts_view, hc_view, parts_view, sizes_view;
-    int have_ts = 0, have_hc = 0, have_parts = 0, have_sizes = 0, rc = E_OK;
+    OpenInput cols;
+    memset(&cols, 0, sizeof(cols));
+    const Input *in = &cols.in;
+    Py_buffer parts_view, sizes_view;
+    int have_parts = 0, have_sizes = 0, rc = E_OK;
     PyObject *out = NULL;
     Py_ssize_t n = PyObject_Length(value);
-    if (n < 0)
+    if (n < 0 || input_open(&cols, key, value, ts_obj, hrec_obj, hcount_obj, n) < 0)
         goto done;
-    if (binary_open(key, "key", n, &in.key) < 0 || binary_open(value, "value", n, &in.value) < 0)
-        goto done;
-    if (hrec_obj != Py_None) {
-        if (binary_open(hrec_obj, "hrec", n, &in.hrec) < 0)
-            goto done;
-        in.with_hrec = 1;
-    }
-    if (int64_open(ts_obj, "timestamps", n, &ts_view) < 0)
-        goto done;
-    have_ts = 1;
-    in.ts = (const uint8_t *)ts_view.buf;
-    if (hcount_obj != Py_None) {
-        if (int64_open(hcount_obj, "hcount", n, &hc_view) < 0)
-            goto done;
-        have_hc = 1;
-        in.hcount = (const uint8_t *)hc_view.buf;
-    }
     if (int64_open(parts_obj, "partitions", n, &parts_view) < 0)
         goto done;
     have_parts = 1;
@@ -215,7 +199,7 @@ acc_append(Accumulator *self, PyObject *args)
     Fields f;
     memset(&f, 0, sizeof(f));
     for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t p = ld64(parts + 8 * i), est = ld64(sizes + 8 * i), ts = ld64(in.ts + 8 * i);
+        int64_t p = ld64(parts + 8 * i), est = ld64(sizes + 8 * i), ts = ld64(in->ts + 8 * i);
         if (p < 0 || p >= self->nparts) {
             PyErr_Format(PyExc_ValueError, "row %zd has partition %lld, not 0..%zd", i,
                          (long long)p, self->nparts - 1);
@@ -223,14 +207,14 @@ acc_append(Accumulator *self, PyObject *args)
         }
         Open *o = &self->open[p];
         if (o->count > 0) {
-            if ((rc = fields_at(&in, i, o->base_ts, o->count, &f)) != E_OK)
+            if ((rc = fields_at(in, i, o->base_ts, o->count, &f)) != E_OK)
                 goto fail;
             if (o->est + est > self->batch_size || o->at - self->room + f.size > self->max_bytes)
                 if (acc_close(self, (Py_ssize_t)p, out) < 0)
                     goto fail;
         }
         if (o->count == 0) {
-            if ((rc = fields_at(&in, i, ts, 0, &f)) != E_OK)
+            if ((rc = fields_at(in, i, ts, 0, &f)) != E_OK)
                 goto fail;
             o->base_ts = o->max_ts = ts;
         }
@@ -240,7 +224,7 @@ acc_append(Accumulator *self, PyObject *args)
         }
         if (acc_reserve(self, o, f.size) < 0)
             goto fail;
-        put_record((uint8_t *)o->view.buf + o->at, &in, &f);
+        put_record((uint8_t *)o->view.buf + o->at, in, &f);
         o->at += f.size;
         o->count++;
         o->est += est;
@@ -260,13 +244,7 @@ done:
         PyBuffer_Release(&sizes_view);
     if (have_parts)
         PyBuffer_Release(&parts_view);
-    if (have_hc)
-        PyBuffer_Release(&hc_view);
-    if (have_ts)
-        PyBuffer_Release(&ts_view);
-    binary_close(&in.hrec);
-    binary_close(&in.value);
-    binary_close(&in.key);
+    input_close(&cols);
     self->busy = 0;
     return out;
 }

@@ -175,6 +175,53 @@ typedef struct {
     Py_ssize_t nbounds;
 } Input;
 
+/* An Input's columns opened from the Python objects the encoders take (key, value: binary
+ * arrays of n rows; timestamps: int64 of n; hrec: binary or None; hcount: int64 or None). The
+ * views are held until input_close, which is safe on a partly opened one. */
+typedef struct {
+    Input in;
+    Py_buffer ts_view, hc_view;
+    int have_ts, have_hc;
+} OpenInput;
+
+static void
+input_close(OpenInput *o)
+{
+    if (o->have_hc)
+        PyBuffer_Release(&o->hc_view);
+    if (o->have_ts)
+        PyBuffer_Release(&o->ts_view);
+    binary_close(&o->in.hrec);
+    binary_close(&o->in.value);
+    binary_close(&o->in.key);
+}
+
+static int
+input_open(OpenInput *o, PyObject *key, PyObject *value, PyObject *ts_obj, PyObject *hrec_obj,
+           PyObject *hcount_obj, Py_ssize_t n)
+{
+    memset(o, 0, sizeof(*o));
+    Input *in = &o->in;
+    if (binary_open(key, "key", n, &in->key) < 0 || binary_open(value, "value", n, &in->value) < 0)
+        return -1;
+    if (hrec_obj != Py_None) {
+        if (binary_open(hrec_obj, "hrec", n, &in->hrec) < 0)
+            return -1;
+        in->with_hrec = 1;
+    }
+    if (int64_open(ts_obj, "timestamps", n, &o->ts_view) < 0)
+        return -1;
+    o->have_ts = 1;
+    in->ts = (const uint8_t *)o->ts_view.buf;
+    if (hcount_obj != Py_None) {
+        if (int64_open(hcount_obj, "hcount", n, &o->hc_view) < 0)
+            return -1;
+        o->have_hc = 1;
+        in->hcount = (const uint8_t *)o->hc_view.buf;
+    }
+    return 0;
+}
+
 typedef struct {
     uint64_t zbody, zts, zoff, zk, zv, zhc;
     int64_t kstart, klen, vstart, vlen, hstart, hlen;
