@@ -34,7 +34,10 @@ typedef struct {
     int busy;                 /* in append or drain: `allocate` must not re-enter them */
 } Accumulator;
 
-#define FIRST_GUESS ((int64_t)64 << 10)
+/* A partition's first batch starts small and doubles as it fills (a topic of thousands of
+ * partitions must not cost a big buffer per partition up front); later ones start at the size
+ * of the partition's previous batch. */
+#define FIRST_GUESS ((int64_t)8 << 10)
 
 static void
 open_release(Open *o)
