@@ -9,8 +9,9 @@ spark-write: the same DataFrame written to
   - a kafkalog topic (``df.write.format("kafkalog")``, one atomic job commit),
   - a no-op Python Arrow sink (consumes the Arrow batches, keeps nothing),
   - a "bytes" Python Arrow sink that only writes the rows' key and value bytes to one fsynced
-    file per task in the same directory: the storage floor, which shows what the kernel's
-    share of any write (page cache, fsync) costs on this machine,
+    file per task in the same directory, through the same storage layer and settings (O_DIRECT
+    or the page cache) as kafkalog's segments: the storage floor, which shows what the
+    kernel's share of any write costs on this machine,
   - Parquet.
 Ratios are taken within the run: kafkalog / no-op, kafkalog / Parquet and, for writes,
 kafkalog / bytes (throughput).
@@ -76,7 +77,8 @@ class NoopSource(DataSource):
 
     def writer(self, schema, overwrite):
         target = self.options.get("dir")
-        return BytesWriter(target) if target else NoopWriter()
+        return (BytesWriter(target, self.options.get("direct_io", "true")) if target
+                else NoopWriter())
 
 
 class NoopReader(DataSourceReader):
@@ -111,31 +113,27 @@ class NoopWriter(DataSourceArrowWriter):
 
 
 class BytesWriter(DataSourceArrowWriter):
-    """The storage floor: writes each row's key and value bytes, as they come, to one file per
-    task and fsyncs it, as the kafkalog sink does with its segments, and does nothing else. The
-    kernel's share of a write (copying into the page cache, allocating its pages, the fsync)
-    is in here and in kafkalog alike, and absent from the no-op sink."""
+    """The storage floor: keeps each row's key and value bytes, as they come, and writes them to
+    one file per task through the storage layer kafkalog uses (``create_if_absent_pieces``: the
+    same O_DIRECT or page-cache path, fsync and link as a segment), and does nothing else. The
+    kernel's share of a write is in here and in kafkalog alike, and absent from the no-op sink."""
 
-    def __init__(self, target: str):
-        self.target = target
+    def __init__(self, target: str, direct_io: str):
+        self.target, self.direct_io = target, direct_io
 
     def write(self, iterator) -> WriterCommitMessage:
         import uuid
-        fd = os.open(os.path.join(self.target, uuid.uuid4().hex), os.O_WRONLY | os.O_CREAT
-                     | os.O_EXCL, 0o644)
-        try:
-            for batch in iterator:
-                views = []
-                for name in ("key", "value"):
-                    arr = batch.column(name)
-                    offs = arr.buffers()[1]
-                    lo, hi = (int.from_bytes(offs[4 * i:4 * i + 4], "little", signed=True)
-                              for i in (arr.offset, arr.offset + len(arr)))
-                    views.append(memoryview(arr.buffers()[2])[lo:hi])
-                os.writev(fd, views)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        from pyspark_kafkalog.storage import open_storage
+        views = []
+        for batch in iterator:
+            for name in ("key", "value"):
+                arr = batch.column(name)
+                offs = arr.buffers()[1]
+                lo, hi = (int.from_bytes(offs[4 * i:4 * i + 4], "little", signed=True)
+                          for i in (arr.offset, arr.offset + len(arr)))
+                views.append(memoryview(arr.buffers()[2])[lo:hi])
+        open_storage(self.target, direct_io=self.direct_io).create_if_absent_pieces(
+            uuid.uuid4().hex, views)
         return WriterCommitMessage()
 
     def commit(self, messages):
@@ -245,7 +243,7 @@ def run_spark_write(args) -> Dict[str, object]:
         Admin(url).create_topic("bench", args.partitions,
                                 configs={"segment.bytes": 256 << 20, "compression.type": args.codec})
         n = [0]
-        extra = {"storage.direct_io": "true"} if args.direct_io else {}
+        direct_io = "false" if args.page_cache else "true"
 
         def parquet():
             n[0] += 1
@@ -253,10 +251,10 @@ def run_spark_write(args) -> Dict[str, object]:
 
         writers = {
             "kafkalog": lambda: src.write.format("kafkalog").option("topic", "bench")
-            .options(**extra).mode("append").save(url),
+            .option("storage.direct_io", direct_io).mode("append").save(url),
             "noop-sink": lambda: src.write.format("bench_noop").mode("append").save(),
             "bytes-sink": lambda: src.write.format("bench_noop").option("dir", raw)
-            .mode("append").save(),
+            .option("direct_io", direct_io).mode("append").save(),
             "parquet": parquet,
         }
         for fn in writers.values():   # warm-up: Python workers, imports, JIT
@@ -273,14 +271,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--value-bytes", type=int, default=100)
-    p.add_argument("--codec", default="lz4")
+    p.add_argument("--codec", default="none",
+                   help="the topic's compression.type (default none: Kafka's and the sink's "
+                        "default); e.g. lz4 to see what the codec costs")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--dir", default=None,
                    help="where the data goes (default: the system temp dir); e.g. /dev/shm to "
                         "take the disk out of the comparison")
-    p.add_argument("--direct-io", action="store_true",
-                   help="spark-write: kafkalog writes its segments with storage.direct_io=true "
-                        "(O_DIRECT, bypassing the page cache)")
+    p.add_argument("--page-cache", action="store_true",
+                   help="spark-write: kafkalog and the bytes sink write through the page cache "
+                        "(storage.direct_io=false) instead of with O_DIRECT (the default)")
 
 
 def render(name: str, result: Dict[str, object]) -> str:

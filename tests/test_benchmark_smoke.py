@@ -70,7 +70,7 @@ def test_spark_sections_run_on_a_tiny_workload(spark):
     finally:
         sys.path.remove(str(SCRIPT.parent))
     args = argparse.Namespace(rows=4000, partitions=2, value_bytes=20, codec="lz4", repeat=2,
-                              dir=None, direct_io=False)
+                              dir=None, page_cache=False)
     read = bench_spark.run_spark_read(args)
     assert read["counts"] == {"kafkalog": 4000, "noop-source": 4000, "parquet": 4000}
     assert all(_positive(read[k]) for k in ("ratio_vs_noop", "median_ratio_vs_parquet"))

@@ -116,12 +116,12 @@ def test_write_then_read_back_same_rows(ks, tmp_path):
 
 
 def test_direct_io_write_reads_back_the_same_rows(ks, tmp_path):
-    """``storage.direct_io=true``: the segments (over 1 MiB each, so written with O_DIRECT)
-    hold exactly the rows, and the same bytes as a buffered write of the same rows."""
+    """``storage.direct_io`` (on by default): the segments (over 1 MiB each, so written with
+    O_DIRECT) hold exactly the rows, and the same bytes as a write with it off."""
     df = ks.range(0, 24_000, numPartitions=2).selectExpr(
         "cast(id as string) as key", "cast(repeat(cast(id as string), 20) as binary) as value",
         "timestamp_millis(1700000000000 + id) as timestamp").coalesce(1)
-    for name, extra in (("direct", {"storage.direct_io": "true"}), ("buffered", {})):
+    for name, extra in (("direct", {}), ("buffered", {"storage.direct_io": "false"})):
         write(df, tmp_path / name, topic="d", createTopic="true", **extra)
     logs = {name: [p.read_bytes() for p in seg_files(tmp_path / name, "d", (".log",))]
             for name in ("direct", "buffered")}

@@ -54,6 +54,19 @@ def test_direct_writes_give_the_same_bytes(tmp_path, total, monkeypatch):
         st.create_if_absent_pieces("t-0/00000000000000000000.log", pieces)
 
 
+def test_direct_io_false_writes_through_the_page_cache(tmp_path, monkeypatch):
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(local_mod.os, "open", lambda p, flags, *a: (
+        opened.append(bool(flags & os.O_DIRECT)), real_open(p, flags, *a))[1])
+    pieces = _pieces(random.Random(5), 2 * MIN)
+    open_storage(str(tmp_path / "off"), direct_io="false").create_if_absent_pieces("a.log", pieces)
+    assert opened and not any(opened)
+    open_storage(str(tmp_path / "on")).create_if_absent_pieces("a.log", pieces)
+    assert any(opened)
+    assert (tmp_path / "off" / "a.log").read_bytes() == (tmp_path / "on" / "a.log").read_bytes()
+
+
 def test_a_filesystem_that_refuses_o_direct_gets_buffered_writes(tmp_path, monkeypatch):
     real_open = os.open
 
@@ -102,9 +115,13 @@ def test_other_errors_are_raised_and_leave_nothing(tmp_path, monkeypatch):
 def test_the_option_is_parsed_kept_and_local_only(tmp_path):
     for value, want in (("true", True), ("FALSE", False), (True, True), (False, False)):
         assert open_storage(str(tmp_path), direct_io=value)._direct is want
-    assert open_storage(str(tmp_path))._direct is False
+    assert open_storage(str(tmp_path))._direct is True           # the default on local disk
+    assert local_mod.LocalStorage(str(tmp_path))._direct is True
+    open_storage("memory://x")      # other backends: no such setting, and no error unless asked
     st = open_storage(str(tmp_path), direct_io="true")
     assert pickle.loads(pickle.dumps(st))._direct is True   # executors get the same setting
+    off = open_storage(str(tmp_path), direct_io="false")
+    assert pickle.loads(pickle.dumps(off))._direct is False
     with pytest.raises(InvalidConfigError, match="direct_io must be true or false"):
         open_storage(str(tmp_path), direct_io="yes")
     with pytest.raises(InvalidConfigError, match="local storage only"):

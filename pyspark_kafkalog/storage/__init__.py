@@ -23,14 +23,16 @@ def open_storage(url: str, **storage_options) -> Storage:
     ``storage_options`` such as ``endpoint_url``, ``key``, ``secret``, ``client_kwargs`` go to
     s3fs), or any other fsspec URL (see :class:`FsspecStorage` for what that can and cannot do).
     ``fsync`` (default True) applies to local storage and is accepted and ignored elsewhere, so
-    callers can pass one set of options whatever the URL. ``direct_io`` (default False: true or
-    false, also as a string, as ``storage.direct_io`` in options and cluster.properties) is for
-    local storage only: segments bypass the page cache (:class:`LocalStorage`).
+    callers can pass one set of options whatever the URL. ``direct_io`` (true or false, also as a
+    string, as ``storage.direct_io`` in options and cluster.properties) is for local storage only,
+    where it defaults to true: segments of 1 MiB and more bypass the page cache
+    (:class:`LocalStorage`); ``false`` writes them through it.
     """
     if not isinstance(url, str) or not url:
         raise InvalidConfigError(f"storage url must be a non-empty str, got {url!r}")
     fsync = storage_options.pop("fsync", True)
-    direct_io = _flag("direct_io", storage_options.pop("direct_io", False))
+    direct_io = storage_options.pop("direct_io", None)
+    direct_io = None if direct_io is None else _flag("direct_io", direct_io)
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if direct_io and scheme not in ("", "file", "local"):
         raise InvalidConfigError(f"{url}: storage option direct_io applies to local storage only")
@@ -39,7 +41,7 @@ def open_storage(url: str, **storage_options) -> Storage:
         path = _local_path(url, scheme)
         if storage_options:
             raise InvalidConfigError(f"unknown options for local storage: {sorted(storage_options)}")
-        return LocalStorage(path, fsync=fsync, direct_io=direct_io)
+        return LocalStorage(path, fsync=fsync, direct_io=direct_io is not False)
 
     rest = url.split("://", 1)[1].strip("/")
     if scheme == "memory":

@@ -144,19 +144,21 @@ class LocalStorage(Storage):
     * ``truncate`` is in place; reads and listings see writes at once (one kernel page cache).
     * ``durable_on_return`` holds only with ``fsync=True`` (the default); tests switch it off for
       speed, which keeps every guarantee against process crashes, only not against power loss.
-    * ``direct_io=True`` (default False; Linux): files of 1 MiB and more written whole by
+    * ``direct_io`` (default True; Linux): files of 1 MiB and more written whole by
       ``create_if_absent_pieces`` (segments) bypass the page cache (``O_DIRECT``, through an
-      aligned staging buffer); the fsync and the link stay. Cheaper where filling the page cache
-      is expensive (some VMs: docs/spark-write.md), and the writer does not evict other data; the
-      price is that the first read of new data comes from the device. A filesystem that refuses
-      ``O_DIRECT`` (EINVAL) gets buffered writes, silently.
+      aligned staging buffer); the fsync and the link stay. Segments are written once and read
+      later, often by another process or host, so caching them in the writer's memory buys
+      little, evicts other data, and is expensive where filling the page cache is (some VMs:
+      docs/spark-write.md). The price: the first read of new data comes from the device. A
+      filesystem that refuses ``O_DIRECT`` (EINVAL) gets buffered writes, silently, and so does
+      every write with ``direct_io=False``.
 
     Temp files are named ``.<target>.tmp-<16 hex>`` (see :meth:`Storage.is_temp_name`): a writer
     killed between writing and publishing leaves one, which listings hide and
     :meth:`cleanup_temp_files` removes.
     """
 
-    def __init__(self, root: str, *, fsync: bool = True, direct_io: bool = False):
+    def __init__(self, root: str, *, fsync: bool = True, direct_io: bool = True):
         self._root = os.path.abspath(os.path.expanduser(root))
         self._fsync = bool(fsync)
         self._direct = bool(direct_io) and hasattr(os, "O_DIRECT")
@@ -182,7 +184,7 @@ class LocalStorage(Storage):
 
     def __setstate__(self, state):
         self.__init__(state["root"], fsync=state["fsync"],
-                      direct_io=state.get("direct_io", False))
+                      direct_io=state.get("direct_io", True))
 
     def _abs(self, path: str, *, allow_root: bool = False) -> str:
         return os.path.join(self._root, *split_path(path, allow_root=allow_root))
