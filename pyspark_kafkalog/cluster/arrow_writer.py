@@ -32,7 +32,9 @@ from ..errors import (InvalidConfigError, InvalidRecordError, InvalidTxnStateErr
 from ..format import codecs
 from ..format.accumulate import new_accumulator
 from ..format.arrow_encode import HEADER_TYPE, EncodeInput, estimated_sizes, partitions_for_keys
+from ..format.batch import MAGIC_V2
 from ..format.encode import EncodedBatch
+from ..log.segment_spool import SegmentSpool, SpoolWriter
 from .cluster import Cluster
 from .producer import PendingWrite, Producer
 from .spark_job import abort_writes, job_decided
@@ -190,10 +192,15 @@ class TaskWriter:
     ``options``: any object with the attributes of ``spark.write_options.WriteOptions``
     (topic, compression, compression_levels, magic, batch_size, batch_records, buffer_memory).
     Call :meth:`add` per batch, then :meth:`finish` (the pending writes), or :meth:`abort`.
+
+    ``spool`` (default: where the storage can, ``Storage.can_spool``: through the page cache):
+    magic 2 batches go to temp segment files on a background thread as soon as they close
+    (``log.segment_spool``), so that the segment I/O overlaps the encoding instead of
+    following it.
     """
 
     def __init__(self, cluster: Cluster, options, *, producer: str,
-                 clock=time.time, seed: Optional[int] = None):
+                 clock=time.time, seed: Optional[int] = None, spool: Optional[bool] = None):
         self.cluster = cluster
         self.opts = options
         cluster.metalog.writer_id = producer
@@ -210,6 +217,10 @@ class TaskWriter:
         self.pending: List[PendingWrite] = []
         self.stats = TaskStats()
         self.touched: set = set()
+        can = cluster.storage.can_spool
+        self.spooling = can if spool is None else bool(spool and can)
+        self.spools: Dict[TopicPartition, SegmentSpool] = {}
+        self.spool_writer = SpoolWriter()
 
     # -- targets ----------------------------------------------------------------------------
 
@@ -305,19 +316,52 @@ class TaskWriter:
     # -- batches ----------------------------------------------------------------------------
 
     def _keep(self, topic: str, closed) -> None:
+        self._add_closed(topic, closed)
+        if self.encoded_bytes >= self.opts.buffer_memory:
+            self.flush()
+
+    def _add_closed(self, topic: str, closed) -> None:
+        spool = self.spooling and self.targets[topic].magic == MAGIC_V2
         for p, batch in closed:
             self.encoded.setdefault((topic, p), []).append(batch)
             self.encoded_bytes += len(batch.data)
+            if spool:
+                self.spool_writer.add(self._spool(topic, p), batch.data)
         self.stats.batches += len(closed)
-        if self.encoded_bytes >= self.opts.buffer_memory:
-            self.flush()
+
+    def _spool(self, topic: str, partition: int) -> SegmentSpool:
+        s = self.spools.get((topic, partition))
+        if s is None:
+            s = self.spools[(topic, partition)] = SegmentSpool(
+                self.cluster.storage, self.cluster.partition_dir(topic, partition,
+                                                                 state=self.state),
+                self.state.topic_config(topic).segment_bytes)
+        return s
+
+    def _drop_spools(self) -> None:
+        """Wait for the writer thread (ignoring its errors) and delete the temp files."""
+        self.spool_writer.forget()
+        for s in self.spools.values():
+            s.discard()
+        self.spools = {}
 
     def flush(self) -> None:
         """Reserve and write everything encoded so far (one reservation, one PendingWrite)."""
         batches = {tp: bs for tp, bs in self.encoded.items() if bs}
         if not batches:
             return
-        pending = self.producer.write(batches)
+        spools = self.spools
+        try:
+            try:
+                self.spool_writer.wait()
+            except Exception:
+                # a spool failed (e.g. the device): the batches are still in memory, so write
+                # them the plain way, which fails on its own if the storage really is at fault
+                self._drop_spools()
+                spools = {}
+            pending = self.producer.write(batches, spools=spools)
+        finally:
+            self._drop_spools()
         self.pending.append(pending)
         if job_decided(self.cluster, self.job):
             self.abort()
@@ -335,15 +379,13 @@ class TaskWriter:
 
     def finish(self) -> List[PendingWrite]:
         for topic, acc in self.accumulators.items():
-            closed = acc.drain()
-            for p, batch in closed:
-                self.encoded.setdefault((topic, p), []).append(batch)
-            self.stats.batches += len(closed)
+            self._add_closed(topic, acc.drain())
         self.flush()
         return self.pending
 
     def abort(self) -> None:
         """Abort what this task reserved (best effort: expiry and cleanup are the backstop)."""
+        self._drop_spools()
         if self.pending:
             try:
                 abort_writes(self.cluster, self.pending, self.job, "spark task attempt failed")

@@ -16,6 +16,7 @@ from ..format import codecs
 from ..format.encode import EncodedBatch, assign_log_append_time, assign_offsets, encode_records
 from ..format.partitioner import RoundRobin, partition_for_key
 from ..format.records import LOG_APPEND_TIME, Record
+from ..log.segment_spool import SegmentSpool
 from ..log.segment_writer import write_segments
 from .checkpoints import sync_checkpoints
 from .state import split_key, tp_key
@@ -74,8 +75,14 @@ class Producer:
             out.append(encode_records(chunk, magic=magic, compression=codec))
         return out
 
-    def write(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]]) -> PendingWrite:
-        """Reserve offsets for every partition in one entry, then write their segments."""
+    def write(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]],
+              spools: Optional[Mapping[TopicPartition, "SegmentSpool"]] = None) -> PendingWrite:
+        """Reserve offsets for every partition in one entry, then write their segments.
+
+        ``spools``: partitions whose batches are already in temp files
+        (``log.segment_spool``); they are published instead of written, unless they no longer
+        match (another partition dir or segment size by now), and are discarded either way."""
+        spools = dict(spools or {})
         batches = {tp: list(b) for tp, b in batches.items() if b}
         if not batches:
             raise InvalidRecordError("nothing to write")
@@ -105,11 +112,22 @@ class Producer:
                     stamped.append(b)
                     nxt = b.last_offset + 1
                 assert nxt == end, (nxt, end)
-                pending.segments[key] = write_segments(
-                    cluster.storage, cluster.partition_dir(*tp, state=state), stamped, config)
+                dir_path = cluster.partition_dir(*tp, state=state)
+                spool = spools.pop(tp, None)
+                if (spool is not None and spool.dir_path == dir_path
+                        and spool.matches(stamped, config.segment_bytes)):
+                    pending.segments[key] = spool.publish(stamped, config)
+                else:
+                    if spool is not None:
+                        spool.discard()
+                    pending.segments[key] = write_segments(cluster.storage, dir_path, stamped,
+                                                           config)
         except BaseException:
             self._try_abort([pending])
             raise
+        finally:
+            for spool in spools.values():
+                spool.discard()
         return pending
 
     def commit(self, pending: Iterable[PendingWrite]) -> None:

@@ -55,19 +55,40 @@ def write_segments(storage, dir_path: str, batches: Sequence[EncodedBatch], conf
     """
     storage.makedirs(dir_path)
     bases = []
-    for group in plan_segments(batches, config.segment_bytes):
-        base = group[0].base_offset
-        for suffix, content in segment_files(base, group, config).items():
-            path = f"{dir_path}/{segment_name(base, suffix)}"
-            try:
-                if isinstance(content, list):
-                    storage.create_if_absent_pieces(path, content)
-                else:
-                    storage.create_if_absent(path, content)
-            except AlreadyExistsError:
-                if not replace_garbage:
-                    raise
-                storage.replace(path, b"".join(content) if isinstance(content, list)
-                                else content)
-        bases.append(base)
+    created: List[str] = []
+    try:
+        for group in plan_segments(batches, config.segment_bytes):
+            base = group[0].base_offset
+            for suffix, content in segment_files(base, group, config).items():
+                path = f"{dir_path}/{segment_name(base, suffix)}"
+                create_segment_file(storage, path, content, replace_garbage)
+                created.append(path)
+            bases.append(base)
+    except BaseException:
+        delete_quietly(storage, created)
+        raise
     return bases
+
+
+def delete_quietly(storage, paths: Sequence[str]) -> None:
+    """Remove the files of a write that failed part-way (whole segments, and indexes without
+    their ``.log``): the caller's abort only knows the partitions that were written whole."""
+    for path in paths:
+        try:
+            storage.delete(path)
+        except Exception:
+            pass   # best effort: cleanup removes index files without a .log later
+
+
+def create_segment_file(storage, path: str, content, replace_garbage: bool) -> None:
+    """Create one file of a segment (``content``: bytes, or a list of buffers written back to
+    back); with ``replace_garbage`` a file already there is replaced (see write_segments)."""
+    try:
+        if isinstance(content, list):
+            storage.create_if_absent_pieces(path, content)
+        else:
+            storage.create_if_absent(path, content)
+    except AlreadyExistsError:
+        if not replace_garbage:
+            raise
+        storage.replace(path, b"".join(content) if isinstance(content, list) else content)

@@ -37,8 +37,8 @@ option                           default                    meaning
 ``kafkalog.snapshot.interval``   50                         metadata snapshot interval
 ``storage.<name>``               —                          storage backend options (S3 endpoint,
                                                             credentials), as in cluster.properties;
-                                                            ``storage.direct_io=true``: local
-                                                            segments bypass the page cache
+                                                            ``storage.direct_io`` (default true):
+                                                            local segments bypass the page cache
                                                             (docs/spark-write.md)
 ``kafka.bootstrap.servers``      error                      there are no brokers: use ``path``
 ``kafka.compression.type``,      error                      producer settings that change what is

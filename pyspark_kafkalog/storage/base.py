@@ -225,6 +225,18 @@ class Storage(abc.ABC):
         """
         self.create_if_absent(path, b"".join(pieces))
 
+    #: whether writers should spool (:meth:`open_spool`) rather than keep a file's content
+    #: and write it whole: where a spool overlaps the kernel's work with theirs
+    can_spool = False
+
+    def open_spool(self, dir_path: str, hint: str):
+        """A file in ``dir_path`` that is written as its content is produced and published
+        whole at the end (``storage.local_spool.LocalSpool``: ``append``, ``publish`` with
+        patches, ``discard``), or None where the backend cannot do that (object stores write
+        an object in one request): the caller then keeps the content and uses
+        :meth:`create_if_absent_pieces`. ``hint`` goes into the temp file's name."""
+        return None
+
     @abc.abstractmethod
     def replace(self, path: str, data: bytes) -> None:
         """Set the whole content of ``path`` (creating it); see ``guarantees.atomic_replace``."""

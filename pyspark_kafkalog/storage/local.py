@@ -341,6 +341,7 @@ class LocalStorage(Storage):
             if e.errno != errno.EINVAL:
                 raise
             self._direct = False
+            _unlink_quietly(tmp)   # some kernels create the file before refusing O_DIRECT
             log.info("%s: O_DIRECT refused (%s); writing through the page cache", self.url, e)
             return None
         done = False
@@ -362,6 +363,15 @@ class LocalStorage(Storage):
 
     def create_if_absent_pieces(self, path: str, pieces) -> None:
         self.create_if_absent(path, list(pieces))   # _write_fd takes the list: one writev
+
+    @property
+    def can_spool(self) -> bool:
+        return not self._direct     # see local_spool: spooling pays only through the page cache
+
+    def open_spool(self, dir_path: str, hint: str):
+        from .local_spool import LocalSpool
+        with storage_errors("create", self._where(f"{dir_path}/{hint}")):
+            return LocalSpool(self, self._abs(dir_path, allow_root=True), hint)
 
     def create_if_absent(self, path: str, data: bytes) -> None:
         full = self._abs(path)
