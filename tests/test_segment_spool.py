@@ -94,15 +94,21 @@ def test_segment_spool_writes_what_write_segments_writes(tmp_path, log_append):
     assert int.from_bytes(first[12:16], "big") == 7
 
 
+def _spooled(tmp_path, seed):
+    """30 batches spooled into ``A/t-0`` (segments of 20 kB), and the same batches stamped
+    with base offset 50 and epoch 3: (storage, config, spool, stamped)."""
+    st = LocalStorage(str(tmp_path), fsync=False, direct_io=False)
+    config = LogConfig(segment_bytes=20_000)
+    batches = _v2_batches(random.Random(seed), 30)
+    spool = SegmentSpool(st, "A/t-0", config.segment_bytes)
+    spool.append([b.data for b in batches])
+    return st, config, spool, _stamp(batches, 50, 3)
+
+
 def test_segment_spool_replaces_garbage_like_write_segments(tmp_path):
     """A file of a dead writer where a segment goes is replaced (``replace_garbage``), in one
     ``LocalSpool.publish(replace=True)``."""
-    st = LocalStorage(str(tmp_path), fsync=False, direct_io=False)
-    config = LogConfig(segment_bytes=20_000)
-    batches = _v2_batches(random.Random(8), 30)
-    spool = SegmentSpool(st, "A/t-0", config.segment_bytes)
-    spool.append([b.data for b in batches])
-    stamped = _stamp(batches, 50, 3)
+    st, config, spool, stamped = _spooled(tmp_path, 8)
     for d in ("A", "B"):
         st.create_if_absent(f"{d}/t-0/00000000000000000050.log", b"garbage")
         st.create_if_absent(f"{d}/t-0/00000000000000000050.index", b"garbage")
@@ -119,12 +125,7 @@ def test_segment_spool_keeps_garbage_without_replace_garbage(tmp_path, where):
     """``replace_garbage=False``: AlreadyExistsError, as from write_segments, the file there
     untouched, every file the failed write had created deleted (the segments before it and the
     failed segment's indexes), the same files left as write_segments leaves, and no temp file."""
-    st = LocalStorage(str(tmp_path), fsync=False, direct_io=False)
-    config = LogConfig(segment_bytes=20_000)
-    batches = _v2_batches(random.Random(9), 30)
-    spool = SegmentSpool(st, "A/t-0", config.segment_bytes)
-    spool.append([b.data for b in batches])
-    stamped = _stamp(batches, 50, 3)
+    st, config, spool, stamped = _spooled(tmp_path, 9)
     groups = plan_segments(stamped, config.segment_bytes)
     bad = groups[where][0].base_offset
     for d in ("A", "B"):
