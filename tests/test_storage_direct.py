@@ -126,3 +126,42 @@ def test_the_option_is_parsed_kept_and_local_only(tmp_path):
         open_storage(str(tmp_path), direct_io="yes")
     with pytest.raises(InvalidConfigError, match="local storage only"):
         open_storage("memory://x", direct_io="true")
+
+
+def _thp_mode():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "never"
+
+
+def _thp_eligible(addr):
+    """The ``THPeligible`` flag of the mapping holding ``addr`` in /proc/self/smaps."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "THPeligible:":
+                return line.split()[1] == "1"
+    return False
+
+
+def test_the_staging_buffer_is_kept_per_thread_aligned_to_a_huge_page_and_advised():
+    import ctypes
+    import threading
+    view = local_mod._staging_buffer()
+    assert len(view) == CHUNK and not view.readonly
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    assert addr % local_mod._HUGE_PAGE == 0
+    assert local_mod._staging_buffer() is view           # kept: its pages stay mapped
+    other = []
+    t = threading.Thread(target=lambda: other.append(local_mod._staging_buffer()))
+    t.start()
+    t.join()
+    assert other and other[0] is not view                # one per thread: writers in parallel
+    if _thp_mode() in ("always", "madvise"):             # "never": small pages, still correct
+        assert _thp_eligible(addr)

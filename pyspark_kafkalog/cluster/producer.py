@@ -7,6 +7,7 @@ every task's writes in one entry (``commit``), so the job becomes visible all at
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -17,7 +18,7 @@ from ..format.encode import EncodedBatch, assign_log_append_time, assign_offsets
 from ..format.partitioner import RoundRobin, partition_for_key
 from ..format.records import LOG_APPEND_TIME, Record
 from ..log.segment_spool import SegmentSpool
-from ..log.segment_writer import write_segments
+from ..log.segment_writer import run_all, write_segments
 from .checkpoints import sync_checkpoints
 from .state import split_key, tp_key
 
@@ -98,6 +99,7 @@ class Producer:
         pending = PendingWrite(txn, result["ranges"])
         state = cluster.state(refresh=False)
         now = cluster.now_ms()
+        jobs = []
         try:
             for tp, bs in batches.items():
                 key = tp_key(*tp)
@@ -112,23 +114,32 @@ class Producer:
                     stamped.append(b)
                     nxt = b.last_offset + 1
                 assert nxt == end, (nxt, end)
-                dir_path = cluster.partition_dir(*tp, state=state)
-                spool = spools.pop(tp, None)
-                if (spool is not None and spool.dir_path == dir_path
-                        and spool.matches(stamped, config.segment_bytes)):
-                    pending.segments[key] = spool.publish(stamped, config)
-                else:
-                    if spool is not None:
-                        spool.discard()
-                    pending.segments[key] = write_segments(cluster.storage, dir_path, stamped,
-                                                           config)
+                jobs.append(partial(self._write_partition, pending, key,
+                                    cluster.partition_dir(*tp, state=state), stamped, config,
+                                    spools.get(tp)))
+            # each job records its segments in pending as it ends, so that an abort after
+            # another partition's failure deletes them too
+            run_all(jobs, cluster.storage.concurrent_writes)
         except BaseException:
             self._try_abort([pending])
             raise
-        finally:
+        finally:   # every job has ended: this deletes what was not published
             for spool in spools.values():
                 spool.discard()
         return pending
+
+    def _write_partition(self, pending: PendingWrite, key: str, dir_path: str,
+                         stamped: List[EncodedBatch], config,
+                         spool: Optional[SegmentSpool]) -> None:
+        """One partition's offset-assigned batches as segments: its spool published when it
+        still matches, else written (and the spool discarded)."""
+        if (spool is not None and spool.dir_path == dir_path
+                and spool.matches(stamped, config.segment_bytes)):
+            pending.segments[key] = spool.publish(stamped, config)
+            return
+        if spool is not None:
+            spool.discard()
+        pending.segments[key] = write_segments(self.cluster.storage, dir_path, stamped, config)
 
     def commit(self, pending: Iterable[PendingWrite]) -> None:
         """Make every pending write visible at once, or raise (and then none is visible)."""

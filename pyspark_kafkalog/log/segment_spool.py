@@ -19,16 +19,15 @@ cannot be used after all, for ``write_segments``), so every failure here can fal
 """
 from __future__ import annotations
 
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import List, Optional, Sequence
+from concurrent.futures import Future
+from typing import List, Sequence
 
 from ..format.batch import V2_HEADER_SIZE
 from ..format.encode import EncodedBatch
 from .config import LogConfig
 from .segment import LOG_SUFFIX, segment_name
-from .segment_writer import (create_segment_file, delete_quietly, plan_segments,
-                             segment_files)
+from .segment_writer import (SharedPool, create_segment_file, delete_quietly,
+                             plan_segments, segment_files)
 
 SPOOL_HINT = "spool.log"
 
@@ -113,20 +112,11 @@ class SpoolWriter:
     is written and raises the first error."""
 
     RUN_BYTES = 4 << 20
-    _executor: Optional[ThreadPoolExecutor] = None
-    _lock = threading.Lock()
+    _executor = SharedPool(1, "kafkalog-spool")   # one thread per process
 
     def __init__(self):
         self._pending: List[Future] = []
         self._queued: dict = {}      # id -> spool with a queue
-
-    @classmethod
-    def _pool(cls) -> ThreadPoolExecutor:
-        # one thread per process, kept between tasks (Spark reuses its Python workers)
-        with cls._lock:
-            if cls._executor is None:
-                cls._executor = ThreadPoolExecutor(1, thread_name_prefix="kafkalog-spool")
-            return cls._executor
 
     def add(self, spool: SegmentSpool, data) -> None:
         spool.queue.append(data)
@@ -138,7 +128,7 @@ class SpoolWriter:
     def _submit(self, spool: SegmentSpool) -> None:
         run, spool.queue, spool.queued = spool.queue, [], 0
         self._queued.pop(id(spool), None)
-        self._pending.append(self._pool().submit(spool.append, run))
+        self._pending.append(self._executor.get().submit(spool.append, run))
         if len(self._pending) > 64:
             self._pending = [f for f in self._pending if not f.done() or f.exception()]
 

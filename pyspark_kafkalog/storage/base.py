@@ -225,6 +225,11 @@ class Storage(abc.ABC):
         """
         self.create_if_absent(path, b"".join(pieces))
 
+    #: whether a writer may write several files at once from threads (one partition's
+    #: segments per thread), because that is safe here and pays: concurrent writes overlap the
+    #: device's latency, and their syncs share the filesystem's journal commits
+    concurrent_writes = False
+
     #: whether writers should spool (:meth:`open_spool`) rather than keep a file's content
     #: and write it whole: where a spool overlaps the kernel's work with theirs
     can_spool = False

@@ -5,6 +5,7 @@ what the guarantees below are built from, so this backend talks to the OS itself
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import mmap
@@ -41,25 +42,38 @@ _DIRECT_ALIGN = 4096
 #: Smaller files are written through the page cache: for them the copy into the aligned staging
 #: buffer and the extra calls cost more than the page cache does.
 _DIRECT_MIN = 1 << 20
-_DIRECT_CHUNK = 8 << 20
+_DIRECT_CHUNK = 4 << 20
+_HUGE_PAGE = 2 << 20
 _staging = threading.local()
 
 
-def _staging_buffer() -> mmap.mmap:
-    """This thread's page-aligned staging buffer for O_DIRECT writes (kept: its pages stay
-    mapped, so later writes do not fault them in again)."""
-    buf = getattr(_staging, "buf", None)
-    if buf is None:
-        buf = _staging.buf = mmap.mmap(-1, _DIRECT_CHUNK)
-    return buf
+def _staging_buffer() -> memoryview:
+    """This thread's staging buffer for O_DIRECT writes: private memory, aligned to and advised
+    as transparent huge pages where the OS has them, and kept, so later writes do not fault its
+    pages in again. Huge pages because the kernel pins every page of an O_DIRECT write's buffer
+    and hands the device one piece per page: four 15 MB segments took 51 ms instead of 72 to
+    write and sync, and 12 ms of CPU instead of 17 (docs/spark-write.md)."""
+    view = getattr(_staging, "view", None)
+    if view is None:
+        size = _DIRECT_CHUNK + _HUGE_PAGE
+        private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+        buf = mmap.mmap(-1, size, flags=private) if private else mmap.mmap(-1, size)
+        start = -ctypes.addressof(ctypes.c_char.from_buffer(buf)) % _HUGE_PAGE
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                buf.madvise(mmap.MADV_HUGEPAGE, start, _DIRECT_CHUNK)
+            except OSError:   # no THP in this kernel: small pages work, only slower
+                pass
+        _staging.buf = buf
+        view = _staging.view = memoryview(buf)[start:start + _DIRECT_CHUNK]
+    return view
 
 
 def _write_direct(fd: int, views: list, total: int) -> bool:
     """Write ``views`` back to back to the O_DIRECT ``fd`` through the staging buffer, the last
     block zero-padded and then cut off with ``ftruncate``; False on a short write (nothing is
     promised about the file then: the caller writes it again without O_DIRECT)."""
-    buf = _staging_buffer()
-    out = memoryview(buf)
+    out = _staging_buffer()
     fill = 0
 
     def flush(n: int) -> bool:
@@ -363,6 +377,8 @@ class LocalStorage(Storage):
 
     def create_if_absent_pieces(self, path: str, pieces) -> None:
         self.create_if_absent(path, list(pieces))   # _write_fd takes the list: one writev
+
+    concurrent_writes = True
 
     @property
     def can_spool(self) -> bool:
