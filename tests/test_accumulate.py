@@ -162,6 +162,39 @@ def test_c_accumulator_equals_python_accumulator(codec):
         assert len(got) == len(want) and got[-1][1] == 0
 
 
+@needs_acc
+def test_sizes_left_to_the_c_accumulator_are_estimated_sizes():
+    """Without headers the C accumulator estimates the sizes itself (the sink's keyed case):
+    the same batches as with ``estimated_sizes`` given, nulls and empty values included."""
+    for seed in range(120):
+        rng = random.Random(5000 + seed)
+        nparts = rng.randint(1, 4)
+        inputs = [make_input(rng, rng.randrange(1, 60), False) for _ in range(rng.randint(1, 5))]
+        parts = [random_parts(rng, len(i), nparts) for i, _ in inputs]
+        size = rng.choice([1, 40, 200, 3000])   # 1: every record is a batch of its own
+        records = rng.randint(1, 30)
+        given, own = (BatchAccumulator("t", nparts, compression=codecs.NONE, level=None,
+                                       batch_records=records, batch_size=size,
+                                       max_message_bytes=BIG) for _ in range(2))
+        for (inp, _), part in zip(inputs, parts):
+            assert by_partition(own.append(inp, part), 0) == \
+                by_partition(given.append(inp, part, sizes_of(inp)), 0), seed
+        assert by_partition(own.drain(), 0) == by_partition(given.drain(), 0), seed
+
+
+@needs_acc
+def test_the_c_accumulator_needs_sizes_with_headers():
+    inp, _ = make_input(random.Random(8), 5, True)
+    hrec, hcount = inp.header_bytes()
+    assert hrec is not None
+    acc = accumulate._Accumulator(2, 10, 100, 1000, V2_HEADER_SIZE, pa.allocate_buffer)
+    with pytest.raises(ValueError, match="sizes are needed with headers"):
+        acc.append(inp.key, inp.value, inp.timestamps, hrec, hcount, np.zeros(5, np.int64), None)
+    rows = make_input(random.Random(8), 5, True)[1]
+    for impl, acc in accumulators(2, codecs.NONE, 2, 100, BIG):   # the wrappers estimate them
+        check_rows(acc.append(inp, np.zeros(5, np.int64)) + acc.drain(), {0: rows, 1: []})
+
+
 @pytest.mark.parametrize("impl", ["python", "c"])
 @pytest.mark.parametrize("codec", [codecs.NONE, codecs.SNAPPY, codecs.ZSTD])
 def test_every_row_lands_once_in_order(impl, codec):

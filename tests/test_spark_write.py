@@ -495,6 +495,30 @@ def test_row_errors_in_a_task(tmp_path):
         add(value=["v"], topic=["t"], timestamp=pa.array([-1_000_000], pa.timestamp("us")))
 
 
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
+def test_timestamp_columns_of_every_unit_sliced_and_with_nulls(tmp_path, unit):
+    """CreateTime is the column in ms (read in place when it has no nulls, so a slice's offset
+    must be honoured), or the write time where it is null."""
+    from pyspark_kafkalog.cluster.spark_job import commit_job
+    root = str(tmp_path / "c")
+    admin = Admin(root)
+    admin.create_topic("t", 1)
+    now_ms = 1_800_000_000_000
+    ms = [1_700_000_000_000 + 1000 * i for i in range(8)]        # whole seconds, for unit s
+    scale = {"s": 1, "ms": 1000, "us": 1000_000, "ns": 1000_000_000}[unit]
+    col = pa.array([m * scale // 1000 for m in ms], pa.timestamp(unit))
+    with_nulls = pa.array([None if i % 3 == 0 else m * scale // 1000 for i, m in enumerate(ms)],
+                          pa.timestamp(unit))
+    tw = TaskWriter(Cluster(root), WriteOptions.parse({"path": root, "topic": "t"}),
+                    producer="spark-job:ts", clock=lambda: now_ms / 1000)
+    for c in (col.slice(3), with_nulls.slice(1)):
+        tw.add(pa.RecordBatch.from_arrays([pa.array([b"v"] * len(c)), c],
+                                          names=["value", "timestamp"]))
+    commit_job(Cluster(root), tw.finish(), "spark-job:ts")
+    want = ms[3:] + [now_ms if i % 3 == 0 else m for i, m in enumerate(ms)][1:]
+    assert [r.timestamp for r in admin.consume("t")] == want
+
+
 def test_max_message_bytes_splits_batches_and_rejects_huge_records(tmp_path):
     root = str(tmp_path / "c")
     Admin(root).create_topic("small", 1, configs={"max.message.bytes": "2000"})

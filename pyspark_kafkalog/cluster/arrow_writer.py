@@ -129,7 +129,8 @@ class Sticky:
 
 
 def choose_partitions(topic: str, partitions: int, keys: pa.Array,
-                      explicit: Optional[Tuple[np.ndarray, np.ndarray]], sizes: np.ndarray,
+                      explicit: Optional[Tuple[np.ndarray, np.ndarray]],
+                      sizes: Optional[np.ndarray],
                       sticky: Sticky) -> np.ndarray:
     """The partition of every row: the explicit one (``(values, given mask)``, range-checked),
     else Kafka's murmur2 of the key, else the sticky partitioner."""
@@ -267,8 +268,11 @@ class TaskWriter:
             headers = headers.cast(HEADER_TYPE)
         ts = _timestamps_ms(cols.get("timestamp"), n, now)
         data = EncodeInput(key, value, ts, headers)
-        sizes = estimated_sizes(key, value, headers)
         explicit = explicit_partitions(cols.get("partition"))
+        # the usual case, every row keyed to murmur2's partition, needs no sizes to partition:
+        # the accumulator then estimates them itself, in the pass that encodes the rows
+        sizes = (None if explicit is None and key.null_count == 0
+                 else estimated_sizes(key, value, headers))
         if self.opts.topic is not None:
             self._add_topic(self.opts.topic, data, sizes, explicit, None)
             return
@@ -281,7 +285,7 @@ class TaskWriter:
             idx = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
             self._add_topic(t, data, sizes, explicit, idx)
 
-    def _add_topic(self, topic: str, data: EncodeInput, sizes: np.ndarray,
+    def _add_topic(self, topic: str, data: EncodeInput, sizes: Optional[np.ndarray],
                    explicit: Optional[Tuple[np.ndarray, np.ndarray]],
                    idx: Optional[np.ndarray]) -> None:
         """Hands the rows ``idx`` (None: all) of ``data`` to ``topic``'s accumulator, with
@@ -292,7 +296,7 @@ class TaskWriter:
             hs = None if data.headers is None else data.headers.take(take)
             data = EncodeInput(data.key.take(take), data.value.take(take), data.timestamps[idx],
                                hs)
-            sizes = sizes[idx]
+            sizes = None if sizes is None else sizes[idx]
             explicit = None if explicit is None else (explicit[0][idx], explicit[1][idx])
         if target.magic < 2 and data.headers is not None:
             if pc.max(pc.fill_null(pc.list_value_length(data.headers), 0)).as_py():
@@ -310,7 +314,7 @@ class TaskWriter:
                 topic, target.partitions, magic=target.magic, compression=target.codec,
                 level=target.level, batch_records=self.opts.batch_records,
                 batch_size=self.opts.batch_size, max_message_bytes=target.max_message_bytes)
-        self.stats.records += len(sizes)
+        self.stats.records += len(data)
         self._keep(topic, acc.append(data, part, sizes))
 
     # -- batches ----------------------------------------------------------------------------
@@ -407,13 +411,15 @@ def _timestamps_ms(col: Optional[pa.Array], n: int, now_ms: int) -> np.ndarray:
     """CreateTime in ms per row: the column's value, or the write time where it is null."""
     if col is None:
         return np.full(n, now_ms, dtype=np.int64)
-    as_int = col.cast(pa.int64())
-    raw = (pc.fill_null(as_int, 0) if col.null_count else as_int).to_numpy(zero_copy_only=False)
     unit = col.type.unit
-    ms = raw * 1000 if unit == "s" else raw // _UNIT_DIV[unit]
+    if col.null_count == 0:     # the int64s in place: no cast, no copy
+        raw = np.frombuffer(col.buffers()[1], dtype=np.int64, count=n, offset=8 * col.offset)
+    else:
+        raw = pc.fill_null(col.cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
+    ms = raw * 1000 if unit == "s" else raw if unit == "ms" else raw // _UNIT_DIV[unit]
     if col.null_count:
         ms = np.where(col.is_null().to_numpy(zero_copy_only=False), now_ms, ms)
-    if (ms < 0).any():
+    if n and ms.min() < 0:
         bad = int(ms[ms < 0][0])
         raise InvalidRecordError(f"a row has timestamp {bad} ms (before 1970): Kafka record "
                                  "timestamps must be >= 0")

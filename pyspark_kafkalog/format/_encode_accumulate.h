@@ -39,6 +39,9 @@ typedef struct {
  * of the partition's previous batch. */
 #define FIRST_GUESS ((int64_t)8 << 10)
 
+/* A record's estimated size beyond its key and value: arrow_encode.estimated_sizes's 12. */
+#define ESTIMATE_OVERHEAD 12
+
 static void
 open_release(Open *o)
 {
@@ -167,7 +170,7 @@ PyDoc_STRVAR(acc_append_doc,
 "Appends each row, in order, to the open batch of its partition. The first five arguments\n"
 "as for ``encode_v2_records``; ``partitions``: int64, each row's partition (0 up to the\n"
 "accumulator's partitions); ``sizes``: int64, each row's estimated size (the batch.size\n"
-"rule's). Returns the batches this closed, as ``(partition, buffer, end, count,\n"
+"rule's), or None without headers for ``arrow_encode.estimated_sizes``'s. Returns the batches this closed, as ``(partition, buffer, end, count,\n"
 "base_timestamp, max_timestamp)``: the records are ``buffer[room:end]``, byte for byte what\n"
 "``encode.encode_batch_v2`` writes after its header. On an error nothing of the call is\n"
 "taken back: the caller drops the accumulator.");
@@ -193,16 +196,32 @@ acc_append(Accumulator *self, PyObject *args)
     if (int64_open(parts_obj, "partitions", n, &parts_view) < 0)
         goto done;
     have_parts = 1;
-    if (int64_open(sizes_obj, "sizes", n, &sizes_view) < 0)
+    if (sizes_obj == Py_None && hrec_obj != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "sizes are needed with headers");
         goto done;
-    have_sizes = 1;
+    }
+    if (sizes_obj != Py_None) {
+        if (int64_open(sizes_obj, "sizes", n, &sizes_view) < 0)
+            goto done;
+        have_sizes = 1;
+    }
     if ((out = PyList_New(0)) == NULL)
         goto done;
-    const uint8_t *parts = (const uint8_t *)parts_view.buf, *sizes = (const uint8_t *)sizes_view.buf;
+    const uint8_t *parts = (const uint8_t *)parts_view.buf;
+    const uint8_t *sizes = have_sizes ? (const uint8_t *)sizes_view.buf : NULL;
     Fields f;
     memset(&f, 0, sizeof(f));
     for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t p = ld64(parts + 8 * i), est = ld64(sizes + 8 * i), ts = ld64(in->ts + 8 * i);
+        int64_t p = ld64(parts + 8 * i), ts = ld64(in->ts + 8 * i), est;
+        if (sizes != NULL) {
+            est = ld64(sizes + 8 * i);
+        } else {   /* arrow_encode.estimated_sizes without headers */
+            int64_t at, klen, vlen;
+            if ((rc = span(&in->key, i, &at, &klen)) != E_OK ||
+                (rc = span(&in->value, i, &at, &vlen)) != E_OK)
+                goto fail;
+            est = (klen > 0 ? klen : 0) + (vlen > 0 ? vlen : 0) + ESTIMATE_OVERHEAD;
+        }
         if (p < 0 || p >= self->nparts) {
             PyErr_Format(PyExc_ValueError, "row %zd has partition %lld, not 0..%zd", i,
                          (long long)p, self->nparts - 1);

@@ -32,7 +32,7 @@ import pyarrow as pa
 from ..errors import RecordTooLargeError
 from . import codecs
 from .arrow_encode import (_accel, EncodeInput, Piece, _v2_batch, _v2_header, chunk_bounds,
-                           encode_pieces, slice_pieces)
+                           encode_pieces, estimated_sizes, slice_pieces)
 from .batch import V2_HEADER_SIZE
 from .encode import EncodedBatch
 from .records import MAGIC_V2
@@ -76,11 +76,17 @@ class BatchAccumulator:
         self._acc = _Accumulator(partitions, batch_records, batch_size, min(limit, 2**31 - 1),
                                  V2_HEADER_SIZE, pa.allocate_buffer)
 
-    def append(self, data: EncodeInput, part: np.ndarray, sizes: np.ndarray) -> List[Closed]:
+    def append(self, data: EncodeInput, part: np.ndarray,
+               sizes: Optional[np.ndarray] = None) -> List[Closed]:
+        """``sizes``: each row's ``estimated_sizes``, or None to have them computed (in C,
+        in the same pass, when there are no headers)."""
         hrec, hcount = data.header_bytes()
+        if sizes is None and hrec is not None:
+            sizes = estimated_sizes(data.key, data.value, data.headers)
         return self._finish(self._acc.append(
             data.key, data.value, data.timestamps, hrec, hcount,
-            np.ascontiguousarray(part, dtype=np.int64), np.ascontiguousarray(sizes, np.int64)))
+            np.ascontiguousarray(part, dtype=np.int64),
+            None if sizes is None else np.ascontiguousarray(sizes, np.int64)))
 
     def drain(self) -> List[Closed]:
         return self._finish(self._acc.drain())
@@ -132,7 +138,10 @@ class PieceAccumulator:
     def pending(self) -> int:
         return sum(r.rows for r in self._rows.values())
 
-    def append(self, data: EncodeInput, part: np.ndarray, sizes: np.ndarray) -> List[Closed]:
+    def append(self, data: EncodeInput, part: np.ndarray,
+               sizes: Optional[np.ndarray] = None) -> List[Closed]:
+        if sizes is None:
+            sizes = estimated_sizes(data.key, data.value, data.headers)
         part = np.asarray(part, dtype=np.int64)
         bad = (part < 0) | (part >= self.partitions)
         if bad.any():

@@ -174,9 +174,14 @@ def header_bytes(headers: Optional[pa.Array], n: int):
 
 # -- chunking -----------------------------------------------------------------------------------
 
+#: What a record costs beyond its key, value and headers, for batch sizing (the C accumulator's
+#: ESTIMATE_OVERHEAD when it computes the estimates itself).
+ESTIMATE_OVERHEAD = 12
+
+
 def estimated_sizes(key: pa.Array, value: pa.Array, headers: Optional[pa.Array]) -> np.ndarray:
     """Uncompressed bytes each record will take in a batch (close enough for batch sizing)."""
-    size = np.maximum(lengths(key), 0) + np.maximum(lengths(value), 0) + 12
+    size = np.maximum(lengths(key), 0) + np.maximum(lengths(value), 0) + ESTIMATE_OVERHEAD
     if headers is not None and headers.null_count < len(headers):
         flat = headers.flatten()
         if len(flat):
