@@ -170,8 +170,9 @@ PyDoc_STRVAR(acc_append_doc,
 "Appends each row, in order, to the open batch of its partition. The first five arguments\n"
 "as for ``encode_v2_records``; ``partitions``: int64, each row's partition (0 up to the\n"
 "accumulator's partitions); ``sizes``: int64, each row's estimated size (the batch.size\n"
-"rule's), or None without headers for ``arrow_encode.estimated_sizes``'s. Returns the batches this closed, as ``(partition, buffer, end, count,\n"
-"base_timestamp, max_timestamp)``: the records are ``buffer[room:end]``, byte for byte what\n"
+"rule's), or None without headers for ``arrow_encode.estimated_sizes``'s. Returns the\n"
+"batches this closed, as ``(partition, buffer, end, count, base_timestamp,\n"
+"max_timestamp)``: the records are ``buffer[room:end]``, byte for byte what\n"
 "``encode.encode_batch_v2`` writes after its header. On an error nothing of the call is\n"
 "taken back: the caller drops the accumulator.");
 
