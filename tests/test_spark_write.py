@@ -468,8 +468,9 @@ def test_errors_through_spark(ks, tmp_path, golden_copy):
     ("value string, topic int", None, "column 'topic' must be string"),
     ("value string, v variant", "t", r"unknown column\(s\) \['v'\]"),
 ])
-def test_column_errors(tmp_path, ddl, topic, needle):
-    """The column rules, checked on the driver before any task runs (no Spark job needed)."""
+def test_column_errors(ks, tmp_path, ddl, topic, needle):
+    """The column rules, checked on the driver before any task runs (no Spark job needed; the
+    session only parses the DDL, which needs a SparkContext)."""
     from pyspark.sql.types import _parse_datatype_string
     from pyspark_kafkalog.spark.writer import _check_columns
     with pytest.raises(InvalidConfigError, match=needle):

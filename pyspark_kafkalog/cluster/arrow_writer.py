@@ -404,7 +404,7 @@ def _binary(arr: pa.Array) -> pa.Array:
     return arr if pa.types.is_binary(arr.type) else arr.cast(pa.binary())
 
 
-_UNIT_DIV = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}
+_UNIT_DIV = {"us": 1000, "ns": 1_000_000}   # s and ms: see _timestamps_ms
 
 
 def _timestamps_ms(col: Optional[pa.Array], n: int, now_ms: int) -> np.ndarray:
