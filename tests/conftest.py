@@ -69,3 +69,14 @@ def spark():
                .getOrCreate())
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_check():
+    """Apache Kafka's own classes reading a log dir (tests/kafka_java_support.py); skips, naming
+    what is missing, where they cannot be built."""
+    import kafka_java_support as kj
+    try:
+        return kj.KafkaCheck(*kj.build())
+    except kj.Unavailable as e:
+        pytest.skip(f"Kafka's Java classes are unavailable: {e}")
