@@ -12,8 +12,14 @@ def register(spark, *, filter_pushdown: bool = False) -> None:
     opt-in because PySpark 4.3 reuses a pushed-down read plan for a later scan of the same
     DataFrame object that pushes no filter, which returns too few rows; with it on, create a new
     DataFrame for each query (docs/user-guide.md).
+
+    It also makes Spark's default save mode (ErrorIfExists) an append for this format, as Spark's
+    Kafka sink treats it, which PySpark alone refuses for a Python data source
+    (``spark/save_mode.py``).
     """
+    from .spark import save_mode
     from .spark.datasource import KafkaLogDataSource, KafkaLogPushdownDataSource
+    save_mode.install()
     if filter_pushdown:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
         spark.dataSource.register(KafkaLogPushdownDataSource)

@@ -372,16 +372,54 @@ def test_save_modes(ks, tmp_path):
     root = tmp_path / "c"
     Admin(str(root)).create_topic("modes", 1)
     df = ks.createDataFrame([("v",)], "value string")
-    base = df.write.format("kafkalog").option("topic", "modes")
-    # ErrorIfExists (Spark's default) and Ignore: Spark refuses them before the source runs
-    for mode in (None, "errorifexists", "ignore"):
-        w = base if mode is None else base.mode(mode)
-        with pytest.raises(AnalysisException, match="UNSUPPORTED_DATA_SOURCE_SAVE_MODE"):
-            w.save(str(root))
+
+    def writer():
+        return df.write.format("kafkalog").option("topic", "modes")
+    # Ignore: refused by Spark before the source runs, as Spark's Kafka sink refuses it
+    with pytest.raises(AnalysisException, match="UNSUPPORTED_DATA_SOURCE_SAVE_MODE"):
+        writer().mode("ignore").save(str(root))
     with pytest.raises(Exception, match="append-only"):
-        base.mode("overwrite").save(str(root))
-    base.mode("append").save(str(root))
-    assert [r.value for r in Admin(str(root)).consume("modes")] == [b"v"]
+        writer().mode("overwrite").save(str(root))
+    with pytest.raises(Exception, match="append-only"):
+        df.write.option("topic", "modes").save(str(root), format="kafkalog", mode="overwrite")
+    assert Admin(str(root)).consume("modes") == []
+    # Append, and ErrorIfExists (Spark's default) as Spark's Kafka sink has it: an append, however
+    # the mode and format are given
+    writer().mode("append").save(str(root))
+    writer().save(str(root))
+    writer().mode("errorifexists").save(str(root))
+    writer().mode("ignore").mode("error").save(str(root))
+    writer().save(str(root), mode="default")
+    df.write.option("topic", "modes").save(str(root), format="KafkaLog")
+    assert [r.value for r in Admin(str(root)).consume("modes")] == [b"v"] * 6
+    # other formats keep Spark's own ErrorIfExists
+    df.write.parquet(str(tmp_path / "pq"))
+    with pytest.raises(AnalysisException, match="PATH_ALREADY_EXISTS"):
+        df.write.format("parquet").save(str(tmp_path / "pq"))
+    with pytest.raises(AnalysisException, match="PATH_ALREADY_EXISTS"):
+        df.write.format("kafkalog").format("parquet").save(str(tmp_path / "pq"))
+
+
+def test_save_mode_wrapper_is_installed_once_and_narrow():
+    import pyspark_kafkalog.spark.save_mode as sm
+    from pyspark.sql.readwriter import DataFrameWriter
+    sm.install()
+    save = DataFrameWriter.save
+    sm.install()
+    assert DataFrameWriter.save is save                     # a second register() adds nothing
+    assert not hasattr(save.__wrapped__, "__wrapped__")
+    try:
+        from pyspark.sql.connect.readwriter import DataFrameWriter as Connect
+    except ImportError:
+        Connect = None
+    if Connect is not None:
+        assert Connect._kafkalog_save_mode
+    for source, mode, want in [("kafkalog", None, True), ("KAFKALOG", "ErrorIfExists", True),
+                               ("kafkalog", "error", True), ("kafkalog", "default", True),
+                               ("kafkalog", "append", False), ("kafkalog", "ignore", False),
+                               ("kafkalog", "overwrite", False), ("kafka", None, False),
+                               ("parquet", "error", False), (None, None, False)]:
+        assert sm.append_instead(source, mode) is want, (source, mode)
 
 
 @pytest.mark.parametrize("opts,needle", [

@@ -7,9 +7,10 @@ records appear at once, or aborts them (``abort_job``). Options: ``spark.write_o
 
 Save modes. PySpark 4.3 hands a Python data source only ``overwrite`` (True for
 ``mode("overwrite")``, False for ``mode("append")``); it refuses the other modes itself, before
-any data source code runs, with ``[UNSUPPORTED_DATA_SOURCE_SAVE_MODE]``. So ``mode("append")`` is
-required: ErrorIfExists — Spark's default, which Spark's Kafka sink treats as Append — and
-Ignore fail in Spark; Overwrite fails here (a Kafka log is append-only).
+any data source code runs, with ``[UNSUPPORTED_DATA_SOURCE_SAVE_MODE]``. ErrorIfExists, Spark's
+default, which Spark's Kafka sink treats as Append, becomes an append in the driver
+(``spark/save_mode.py``, installed by ``register``); Ignore stays refused by Spark, as Spark's
+Kafka sink refuses it; Overwrite fails here (a Kafka log is append-only).
 
 No shuffle in the sink: a Python data source cannot ask Spark for a distribution of its input
 (``PythonWrite`` has no ``RequiresDistributionAndOrdering``), so every task writes every partition

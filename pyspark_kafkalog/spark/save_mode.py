@@ -1,0 +1,65 @@
+"""The default save mode means append for ``format("kafkalog")``, as it does for Spark's Kafka sink.
+
+Spark's Kafka sink accepts Append and ErrorIfExists (Spark's default mode) and treats both as an
+append, so ``df.write.format("kafka").option(...).save()`` works without ``mode``. PySpark 4.3
+refuses ErrorIfExists for every Python data source, in the JVM, before the source sees the write
+(``[UNSUPPORTED_DATA_SOURCE_SAVE_MODE]``); a Python data source only learns ``overwrite`` or not.
+
+So :func:`install` (called by ``pyspark_kafkalog.register``) wraps ``DataFrameWriter.save`` (classic
+and Spark Connect) in the driver: when the writer's format is ``kafkalog`` and its mode is unset,
+``error``, ``errorifexists`` or ``default``, the write goes to Spark as an append. Nothing else
+changes: other formats keep Spark's behaviour, Overwrite still reaches the sink (which refuses it:
+a log is append-only), and Ignore is still refused by Spark, as Spark's Kafka sink refuses it.
+"""
+from __future__ import annotations
+
+import functools
+
+FORMAT = "kafkalog"
+# the names Spark's SaveMode parser gives ErrorIfExists
+ERROR_IF_EXISTS = frozenset({"error", "errorifexists", "default"})
+
+
+def install() -> None:
+    """Wrap the DataFrameWriter classes this PySpark has (idempotent)."""
+    from pyspark.sql.readwriter import DataFrameWriter
+    _wrap(DataFrameWriter)
+    try:
+        from pyspark.sql.connect.readwriter import DataFrameWriter as ConnectDataFrameWriter
+    except ImportError:            # Spark Connect's client dependencies are not installed
+        return
+    _wrap(ConnectDataFrameWriter)
+
+
+def append_instead(source, mode) -> bool:
+    """Whether a save with this format and mode is one Spark's Kafka sink would append."""
+    return (isinstance(source, str) and source.lower() == FORMAT
+            and (mode is None or (isinstance(mode, str) and mode.lower() in ERROR_IF_EXISTS)))
+
+
+def _wrap(cls) -> None:
+    if getattr(cls, "_kafkalog_save_mode", False):
+        return
+    original_format, original_mode, original_save = cls.format, cls.mode, cls.save
+
+    @functools.wraps(original_format)
+    def format(self, source):
+        self._kafkalog_source = source
+        return original_format(self, source)
+
+    @functools.wraps(original_mode)
+    def mode(self, saveMode):
+        if saveMode is not None:
+            self._kafkalog_mode = saveMode
+        return original_mode(self, saveMode)
+
+    @functools.wraps(original_save)
+    def save(self, path=None, format=None, mode=None, partitionBy=None, **options):
+        source = format if format is not None else getattr(self, "_kafkalog_source", None)
+        current = mode if mode is not None else getattr(self, "_kafkalog_mode", None)
+        if append_instead(source, current):
+            mode = "append"
+        return original_save(self, path, format, mode, partitionBy, **options)
+
+    cls.format, cls.mode, cls.save = format, mode, save
+    cls._kafkalog_save_mode = True
