@@ -194,7 +194,7 @@ class KafkaCheck:
         self.cp = os.pathsep.join([str(classes), *map(str, jars)])
 
     def __call__(self, log_dir, *partitions: str) -> "Findings":
-        out = _run(["java", "-Xss4m", "-cp", self.cp, "KafkaLogCheck", str(log_dir), *partitions])
+        out = _run(["java", "-cp", self.cp, "KafkaLogCheck", str(log_dir), *partitions])
         return Findings([json.loads(line) for line in out.splitlines() if line.strip()])
 
     def partitions(self, keys, num_partitions: int) -> list:
@@ -216,8 +216,13 @@ class Findings(list):
     def errors(self) -> list:
         return self.kind("error")
 
-    def index_problems(self) -> list:
-        return [p for d in self.kind("index") for p in d.get("problems", [])]
+    def segments(self, partition: str | None = None) -> list:
+        """Per segment: its size, batch count, index entry and lookup counts, and problems."""
+        return [d for d in self.kind("segment") if partition in (None, d["partition"])]
+
+    def problems(self, partition: str | None = None) -> list:
+        """What a segment's bytes or indexes got wrong, as Kafka's classes see it."""
+        return [p for d in self.segments(partition) for p in d["problems"]]
 
     def batches(self, partition: str | None = None) -> list:
         return [b for b in self.kind("batch") if partition in (None, b["partition"])]

@@ -47,15 +47,26 @@ public final class KafkaLogCheck {
         final long offset;
         final long timestamp;
         final int batchPosition;
-        final long batchBase;
-        final long batchLast;
 
-        Seen(long offset, long timestamp, int batchPosition, long batchBase, long batchLast) {
+        Seen(long offset, long timestamp, int batchPosition) {
             this.offset = offset;
             this.timestamp = timestamp;
             this.batchPosition = batchPosition;
-            this.batchBase = batchBase;
-            this.batchLast = batchLast;
+        }
+    }
+
+    /** One batch as Kafka's reader returned it (a legacy wrapper counts as one). */
+    private static final class Shallow {
+        final int position;
+        final long baseOffset;
+        final long lastOffset;
+        final long maxTimestamp;
+
+        Shallow(FileChannelRecordBatch b) {
+            this.position = b.position();
+            this.baseOffset = b.baseOffset();
+            this.lastOffset = b.lastOffset();
+            this.maxTimestamp = b.maxTimestamp();
         }
     }
 
@@ -140,19 +151,31 @@ public final class KafkaLogCheck {
         long baseOffset = Long.parseLong(stem);
         String part = dir.getName();
         List<Seen> seen = new ArrayList<>();
-        List<int[]> boundaries = new ArrayList<>();
-        List<long[]> batchOffsets = new ArrayList<>();
+        List<Shallow> batches = new ArrayList<>();
         int position = -1;
         try (FileRecords log = FileRecords.open(new File(dir, logName), false)) {
+            long readBytes = 0;
             for (FileChannelRecordBatch batch : log.batches()) {
                 position = batch.position();
                 batch.ensureValid();
-                boundaries.add(new int[]{position});
-                batchOffsets.add(new long[]{batch.baseOffset(), batch.lastOffset(), batch.maxTimestamp()});
+                batches.add(new Shallow(batch));
+                readBytes += batch.sizeInBytes();
                 OUT.println(batchJson(part, logName, batch, seen));
             }
             position = -1;
-            indexes(dir, stem, baseOffset, log, seen, boundaries, batchOffsets);
+            List<String> problems = new ArrayList<>();
+            // Kafka's reader stops quietly before bytes that are not a whole batch
+            if (readBytes != log.sizeInBytes())
+                problems.add((log.sizeInBytes() - readBytes) + " bytes at the end are not a whole batch");
+            StringBuilder sb = new StringBuilder("{\"kind\":\"segment\",\"partition\":").append(q(part))
+                .append(",\"segment\":").append(q(stem))
+                .append(",\"sizeInBytes\":").append(log.sizeInBytes())
+                .append(",\"batches\":").append(batches.size());
+            indexes(sb, dir, stem, baseOffset, log, seen, batches, problems);
+            sb.append(",\"problems\":[");
+            for (int i = 0; i < Math.min(problems.size(), 20); i++)
+                sb.append(i > 0 ? "," : "").append(q(problems.get(i)));
+            OUT.println(sb.append("],\"problemCount\":").append(problems.size()).append('}'));
         } catch (Exception e) {
             error(logName, part, position, e);
         }
@@ -202,7 +225,7 @@ public final class KafkaLogCheck {
                     sb.append(",\"coordinatorEpoch\":").append(EndTransactionMarker.deserialize(r).coordinatorEpoch());
             }
             sb.append('}');
-            seen.add(new Seen(r.offset(), r.timestamp(), batch.position(), batch.baseOffset(), batch.lastOffset()));
+            seen.add(new Seen(r.offset(), r.timestamp(), batch.position()));
         }
         return sb.append("]}").toString();
     }
@@ -213,19 +236,16 @@ public final class KafkaLogCheck {
      * FileRecords (what LogSegment.findOffsetByTimestamp does). Each answer is compared with the
      * one a full scan gives.
      */
-    private static void indexes(File dir, String stem, long baseOffset, FileRecords log, List<Seen> seen,
-                                List<int[]> boundaries, List<long[]> batchOffsets) throws Exception {
-        String part = dir.getName();
+    private static void indexes(StringBuilder sb, File dir, String stem, long baseOffset, FileRecords log,
+                                List<Seen> seen, List<Shallow> batches, List<String> problems) throws Exception {
         File indexFile = new File(dir, stem + ".index");
         File timeFile = new File(dir, stem + ".timeindex");
         if (!indexFile.isFile() || !timeFile.isFile()) {
-            OUT.println("{\"kind\":\"index\",\"partition\":" + q(part) + ",\"segment\":" + q(stem)
-                + ",\"present\":false}");
+            sb.append(",\"indexes\":false");
             return;
         }
         OffsetIndex oi = new OffsetIndex(indexFile, baseOffset, -1, false);
         TimeIndex ti = new TimeIndex(timeFile, baseOffset, -1, false);
-        List<String> problems = new ArrayList<>();
         try {
             oi.sanityCheck();
         } catch (Exception e) {
@@ -239,10 +259,10 @@ public final class KafkaLogCheck {
         // every offset index entry points at the start of a batch holding its offset
         for (int n = 0; n < oi.entries(); n++) {
             OffsetPosition e = oi.entry(n);
-            int at = -1;
-            for (int b = 0; b < boundaries.size(); b++) if (boundaries.get(b)[0] == e.position) at = b;
-            if (at < 0) problems.add("offset index entry " + n + " position " + e.position + " is no batch start");
-            else if (e.offset < batchOffsets.get(at)[0] || e.offset > batchOffsets.get(at)[1])
+            Shallow at = null;
+            for (Shallow b : batches) if (b.position == e.position) at = b;
+            if (at == null) problems.add("offset index entry " + n + " position " + e.position + " is no batch start");
+            else if (e.offset < at.baseOffset || e.offset > at.lastOffset)
                 problems.add("offset index entry " + n + " offset " + e.offset + " is not in the batch at " + e.position);
             if (n > 0 && (e.offset <= oi.entry(n - 1).offset || e.position <= oi.entry(n - 1).position))
                 problems.add("offset index entry " + n + " does not increase");
@@ -256,10 +276,10 @@ public final class KafkaLogCheck {
         // reached it), as LogSegment keeps them, and the last one holds the segment's largest
         long runningMax = RecordBatch.NO_TIMESTAMP;
         Map<Long, Long> reachedAt = new TreeMap<>();
-        for (long[] b : batchOffsets) {
-            if (b[2] > runningMax) {
-                runningMax = b[2];
-                reachedAt.put(b[1], b[2]);
+        for (Shallow b : batches) {
+            if (b.maxTimestamp > runningMax) {
+                runningMax = b.maxTimestamp;
+                reachedAt.put(b.lastOffset, b.maxTimestamp);
             }
         }
         for (int n = 0; n < ti.entries(); n++) {
@@ -298,15 +318,11 @@ public final class KafkaLogCheck {
                     problems.add("timestamp " + t + " found offset " + gotOffset + ", a scan finds " + want);
             }
         }
-        StringBuilder sb = new StringBuilder("{\"kind\":\"index\",\"partition\":").append(q(part))
-            .append(",\"segment\":").append(q(stem)).append(",\"present\":true")
+        sb.append(",\"indexes\":true")
             .append(",\"offsetEntries\":").append(oi.entries())
             .append(",\"timeEntries\":").append(ti.entries())
             .append(",\"offsetLookups\":").append(offsetLookups)
-            .append(",\"timeLookups\":").append(timeLookups)
-            .append(",\"problems\":[");
-        for (int i = 0; i < Math.min(problems.size(), 20); i++) sb.append(i > 0 ? "," : "").append(q(problems.get(i)));
-        OUT.println(sb.append("],\"problemCount\":").append(problems.size()).append('}'));
+            .append(",\"timeLookups\":").append(timeLookups);
         oi.close();
         ti.close();
     }
