@@ -80,3 +80,20 @@ def kafka_check():
         return kj.KafkaCheck(*kj.build())
     except kj.Unavailable as e:
         pytest.skip(f"Kafka's Java classes are unavailable: {e}")
+
+
+@pytest.fixture(scope="module")
+def ks(spark):
+    """The session with the kafkalog format registered (again per module: a module may have
+    registered the filter-pushdown variant)."""
+    import pyspark_kafkalog
+    pyspark_kafkalog.register(spark)
+    return spark
+
+
+def write(df, root, **opts):
+    """``df.write.format("kafkalog")`` to cluster ``root`` with ``opts`` as options."""
+    w = df.write.format("kafkalog").mode("append")
+    for k, v in opts.items():
+        w = w.option(k, str(v))
+    w.save(str(root))

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from conftest import DAMAGED, GOLDEN, UNDAMAGED, expected_records
+from conftest import DAMAGED, GOLDEN, UNDAMAGED, expected_records, write
 import pyarrow as pa
 
 from pyspark_kafkalog.admin import Admin
@@ -114,20 +114,6 @@ def test_kafka_reads_our_recovery_of_the_damaged_cases(kafka_check, golden_copy,
 
 
 # -- 3. the Spark sink's segments -------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def ks(spark):
-    import pyspark_kafkalog
-    pyspark_kafkalog.register(spark)
-    return spark
-
-
-def write(df, root, **opts):
-    w = df.write.format("kafkalog").mode("append")
-    for k, v in opts.items():
-        w = w.option(k, str(v))
-    w.save(str(root))
-
 
 def sink_rows(n=900, seed=11):
     rng = random.Random(seed)

@@ -31,6 +31,7 @@ import kafka.codec as kc
 from kafka.partitioner.default import murmur2 as kp_murmur2
 from kafka.record.memory_records import MemoryRecords
 
+from conftest import write
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.arrow_writer import TaskWriter
 from pyspark_kafkalog.cluster.cluster import Cluster
@@ -45,27 +46,12 @@ from pyspark_kafkalog.spark.write_options import WriteOptions
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
-@pytest.fixture(scope="module")
-def ks(spark):
-    """The session with the kafkalog format registered."""
-    import pyspark_kafkalog
-    pyspark_kafkalog.register(spark)
-    return spark
-
-
 def seg_files(root, topic=None, suffixes=(".log", ".index", ".timeindex")):
     out = []
     for d in sorted(Path(root).glob("logdir-*/*-*")):
         if topic is None or d.name.rpartition("-")[0] == topic:
             out += [p for p in d.iterdir() if p.suffix in suffixes]
     return out
-
-
-def write(df, root, **opts):
-    w = df.write.format("kafkalog").mode("append")
-    for k, v in opts.items():
-        w = w.option(k, str(v))
-    w.save(str(root))
 
 
 def py_partition(key: bytes, n: int) -> int:
