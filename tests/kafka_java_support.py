@@ -13,7 +13,7 @@ Where the Kafka sources come from, in order:
 2. ``kafka/`` beside the project root (like ``shared/``);
 3. ``/work/.mirror/apache+kafka/repo``, where this project's development machines keep a mirror.
 
-The build (about 15 s) is cached under ``$KAFKALOG_KAFKA_JAVA_CACHE`` or
+The build (about 10 s) is cached under ``$KAFKALOG_KAFKA_JAVA_CACHE`` or
 ``~/.cache/pyspark-kafkalog/kafka-java``, keyed by the Kafka commit and this harness's sources.
 With no Kafka sources or no ``javac``, the tests that need it are skipped and say which.
 
@@ -38,7 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 JAVA_DIR = HERE / "kafka_java"
 PROJECT = HERE.parent
-# the parts of Kafka's tree the check needs: record classes, generated messages, indexes, checkpoints
+# the parts of Kafka's tree the check needs: record classes, generated messages, indexes and
+# checkpoints
 KAFKA_PATHS = ("clients/src/main/java", "clients/src/main/resources/common/message",
                "generator/src/main/java", "storage/src/main/java", "server-common/src/main/java")
 JARS = ("lz4-java", "snappy-java", "zstd-jni", "slf4j-api", "jackson-core", "jackson-databind",
@@ -143,11 +144,11 @@ def _build_into(work: Path, src: Path, jars: list[Path]) -> None:
         if archive.returncode != 0:
             raise Unavailable(f"git archive in {src}: {archive.stderr.decode()[-500:]}")
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    _strip_generator_cli(tree / "generator/src/main/java/org/apache/kafka/message/MessageGenerator.java")
+    generator = tree / "generator/src/main/java/org/apache/kafka/message"
+    _strip_generator_cli(generator / "MessageGenerator.java")
     cp = os.pathsep.join(map(str, jars))
     gen_classes, gen_src, classes = work / "generator", work / "generated", work / "classes"
-    generator = sorted((tree / "generator/src/main/java/org/apache/kafka/message").glob("*.java"))
-    _javac(gen_classes, cp, [*generator, JAVA_DIR / "GenerateMessages.java"])
+    _javac(gen_classes, cp, [*sorted(generator.glob("*.java")), JAVA_DIR / "GenerateMessages.java"])
     _run(["java", "-cp", os.pathsep.join([str(gen_classes), cp]), "GenerateMessages",
           str(tree / "clients/src/main/resources/common/message"),
           str(gen_src / "org/apache/kafka/common/message")])
@@ -179,8 +180,8 @@ def _javac(dest: Path, cp: str, files, *extra) -> None:
           *map(str, files)])
 
 
-def _run(cmd) -> str:
-    r = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd, stdin: str | None = None) -> str:
+    r = subprocess.run(cmd, input=stdin, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed ({r.returncode}):\n{r.stdout[-3000:]}\n"
                            f"{r.stderr[-3000:]}")
@@ -200,11 +201,8 @@ class KafkaCheck:
     def partitions(self, keys, num_partitions: int) -> list:
         """The partition Kafka's Java producer picks for each key (BuiltInPartitioner)."""
         lines = "".join(base64.b64encode(k).decode("ascii") + "\n" for k in keys)
-        r = subprocess.run(["java", "-cp", self.cp, "KafkaPartitioner", str(num_partitions)],
-                           input=lines, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"KafkaPartitioner failed: {r.stderr[-3000:]}")
-        return [int(x) for x in r.stdout.split()]
+        out = _run(["java", "-cp", self.cp, "KafkaPartitioner", str(num_partitions)], lines)
+        return [int(x) for x in out.split()]
 
 
 class Findings(list):

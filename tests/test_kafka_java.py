@@ -23,16 +23,14 @@ and reads the checkpoint files with ``OffsetCheckpointFile``, ``LeaderEpochCheck
 """
 from __future__ import annotations
 
-import base64
+import json
 import random
-import shutil
 from datetime import datetime, timezone
 
+import pyarrow as pa
 import pytest
 
 from conftest import DAMAGED, GOLDEN, UNDAMAGED, expected_records, write
-import pyarrow as pa
-
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.format.arrow_encode import partitions_for_keys
 from pyspark_kafkalog.format.encode import encode_batch_v2, encode_control_batch, encode_records
@@ -44,7 +42,6 @@ from pyspark_kafkalog.storage import open_storage
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 TS_TYPE = {"CreateTime": 0, "LogAppendTime": 1, "NoTimestampType": -1}
-CODEC = {"none": "none", "gzip": "gzip", "snappy": "snappy", "lz4": "lz4", "zstd": "zstd"}
 FORMATS = [(m, c) for m in (0, 1, 2) for c in ("none", "gzip", "snappy", "lz4", "zstd")
            if not (c == "zstd" and m < 2)]
 
@@ -84,7 +81,6 @@ def test_kafka_reads_the_golden_dir_exactly(kafka_check, golden_copy):
 
 @pytest.mark.parametrize("case", DAMAGED)
 def test_the_check_sees_the_golden_damage(kafka_check, golden_copy, case):
-    import json
     damage = json.loads((GOLDEN / case / "expected-recovery.json").read_text())
     found = kafka_check(golden_copy, case)
     if damage["damage"] == "corrupt":
@@ -113,7 +109,7 @@ def test_kafka_reads_our_recovery_of_the_damaged_cases(kafka_check, golden_copy,
     assert golden_records(found, case) == expected_records(case)
 
 
-# -- 3. the Spark sink's segments -------------------------------------------------------------------
+# -- 3. the Spark sink's segments ------------------------------------------------------------------
 
 def sink_rows(n=900, seed=11):
     rng = random.Random(seed)
@@ -130,7 +126,8 @@ def sink_rows(n=900, seed=11):
     return rows
 
 
-SCHEMA = "key string, value binary, timestamp timestamp, headers array<struct<key:string,value:binary>>"
+SCHEMA = ("key string, value binary, timestamp timestamp, "
+          "headers array<struct<key:string,value:binary>>")
 # several segments per partition, and index entries every few batches (not every batch: then the
 # final time index entry would never matter)
 SMALL_SEGMENTS = {"topic.config.segment.bytes": 12_000, "topic.config.index.interval.bytes": 2500,
@@ -170,7 +167,7 @@ def test_every_codec_and_format_the_sink_writes_reads_in_kafka(ks, tmp_path, kaf
             recs = found.records(part)
             assert [r["offset"] for r in recs] == list(range(len(recs))), topic
             for r in recs:
-                assert r["magic"] == magic and r["compression"] == CODEC[codec]
+                assert r["magic"] == magic and r["compression"] == codec
                 assert r["timestampType"] == ("NoTimestampType" if magic == 0 else "CreateTime")
                 assert not r["transactional"] and not r["control"] and r["producerId"] == -1
                 got.append((r["key"], r["value"], r["timestamp"], tuple(r["headers"])))
@@ -197,7 +194,7 @@ def test_log_append_time_topics_read_in_kafka(ks, tmp_path, kafka_check, magic):
         (((None if k is None else k.encode()), v) for k, v, _, _ in rows), key=repr)
 
 
-# -- 4. a cluster's log dir files ---------------------------------------------------------------------
+# -- 4. a cluster's log dir files ------------------------------------------------------------------
 
 def test_cluster_checkpoints_read_in_kafka_after_delete_records(ks, tmp_path, kafka_check):
     root = tmp_path / "c"
@@ -227,7 +224,7 @@ def test_cluster_checkpoints_read_in_kafka_after_delete_records(ks, tmp_path, ka
     assert epochs["ck-0"] == [[desc.partitions[0].leader_epoch, 37]]
 
 
-# -- 5. the broker-side append ------------------------------------------------------------------------
+# -- 5. the broker-side append ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("ts_type", ["CreateTime", "LogAppendTime"])
 def test_partition_log_appends_read_in_kafka(tmp_path, kafka_check, ts_type):
@@ -269,8 +266,8 @@ def test_partition_log_appends_read_in_kafka(tmp_path, kafka_check, ts_type):
     for r in recs:
         if r["control"]:
             assert r["transactional"] and r["key"] is not None
-            got.append(("marker", {"COMMIT": CONTROL_COMMIT, "ABORT": CONTROL_ABORT}[r["controlType"]],
-                        r["coordinatorEpoch"]))
+            marker = {"COMMIT": CONTROL_COMMIT, "ABORT": CONTROL_ABORT}[r["controlType"]]
+            got.append(("marker", marker, r["coordinatorEpoch"]))
         else:
             got.append((r["magic"], r["key"], r["value"]))
             if r["magic"] > 0:
@@ -282,13 +279,13 @@ def test_partition_log_appends_read_in_kafka(tmp_path, kafka_check, ts_type):
     assert got == want
 
 
-# -- 6. partitioner parity with Kafka's Java producer -----------------------------------------------
+# -- 6. partitioner parity with Kafka's Java producer ----------------------------------------------
 
 def parity_keys(seed=2025):
     rng = random.Random(seed)
     keys = {rng.randbytes(rng.randrange(0, 70)) for _ in range(15_000)}
     keys |= {f"user-{i}".encode() for i in range(4_000)}
-    keys |= {"ünïcødé-{i}".encode() for i in range(1_000)}
+    keys |= {f"ünïcødé-{i}".encode() for i in range(1_000)}
     return sorted(keys)
 
 
