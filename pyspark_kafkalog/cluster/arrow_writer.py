@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from ..errors import (InvalidConfigError, InvalidRecordError, InvalidTxnStateError,
                       UnknownTopicOrPartitionError, UnsupportedCodecError)
-from ..format import codecs
+from ..format import arena, codecs
 from ..format.accumulate import new_accumulator
 from ..format.arrow_encode import HEADER_TYPE, EncodeInput, estimated_sizes, partitions_for_keys
 from ..format.batch import MAGIC_V2
@@ -194,7 +194,7 @@ class TaskWriter:
     (topic, compression, compression_levels, magic, batch_size, batch_records, buffer_memory).
     Call :meth:`add` per batch, then :meth:`finish` (the pending writes), or :meth:`abort`.
 
-    ``spool`` (default: where the storage can, ``Storage.can_spool``: through the page cache):
+    ``spool`` (default: where the storage can, ``Storage.can_spool``: local disk):
     magic 2 batches go to temp segment files on a background thread as soon as they close
     (``log.segment_spool``), so that the segment I/O overlaps the encoding instead of
     following it.
@@ -222,6 +222,7 @@ class TaskWriter:
         self.spooling = can if spool is None else bool(spool and can)
         self.spools: Dict[TopicPartition, SegmentSpool] = {}
         self.spool_writer = SpoolWriter()
+        self.arena: Optional[arena.Arena] = None   # uncompressed batches' buffers
 
     # -- targets ----------------------------------------------------------------------------
 
@@ -313,9 +314,21 @@ class TaskWriter:
             acc = self.accumulators[topic] = new_accumulator(
                 topic, target.partitions, magic=target.magic, compression=target.codec,
                 level=target.level, batch_records=self.opts.batch_records,
-                batch_size=self.opts.batch_size, max_message_bytes=target.max_message_bytes)
+                batch_size=self.opts.batch_size, max_message_bytes=target.max_message_bytes,
+                allocate=self._allocator(target))
         self.stats.records += len(data)
         self._keep(topic, acc.append(data, part, sizes))
+
+    def _allocator(self, target: TopicTarget):
+        """Batch buffers from the process's arena (``format.arena``: pages a previous task
+        already faulted in) when the batches are sent as built. Compressed batches are new
+        buffers, so their raw ones are garbage at once; those stay with Arrow's pool, which
+        reuses freed memory, where an arena would only grow until the flush."""
+        if target.codec != codecs.NONE:
+            return None
+        if self.arena is None:
+            self.arena = arena.take()
+        return self.arena.allocate
 
     # -- batches ----------------------------------------------------------------------------
 
@@ -323,6 +336,8 @@ class TaskWriter:
         self._add_closed(topic, closed)
         if self.encoded_bytes >= self.opts.buffer_memory:
             self.flush()
+            if self.arena is not None:   # chunks still viewed (open batches) are not reused
+                self.arena.reset()
 
     def _add_closed(self, topic: str, closed) -> None:
         spool = self.spooling and self.targets[topic].magic == MAGIC_V2
@@ -385,11 +400,22 @@ class TaskWriter:
         for topic, acc in self.accumulators.items():
             self._add_closed(topic, acc.drain())
         self.flush()
+        self._release()
         return self.pending
+
+    def _release(self) -> None:
+        """Give the arena back for the next task: only chunks nothing views any more are
+        reused (``arena.Arena.reset``), so this is safe even while batches are still held."""
+        self.accumulators = {}
+        if self.arena is not None:
+            arena.give(self.arena)
+            self.arena = None
 
     def abort(self) -> None:
         """Abort what this task reserved (best effort: expiry and cleanup are the backstop)."""
         self._drop_spools()
+        self.encoded = {}
+        self._release()
         if self.pending:
             try:
                 abort_writes(self.cluster, self.pending, self.job, "spark task attempt failed")

@@ -67,14 +67,16 @@ class BatchAccumulator:
 
     def __init__(self, topic: str, partitions: int, *, compression: int,
                  level: Optional[int], batch_records: int, batch_size: int,
-                 max_message_bytes: int):
+                 max_message_bytes: int, allocate=None):
+        """``allocate``: where batch buffers come from (``pyarrow.allocate_buffer`` if None;
+        the sink passes an ``arena.Arena``'s)."""
         codecs.check_codec(compression, MAGIC_V2)
         self.topic, self.compression, self.level = topic, compression, level
         self.max_message_bytes = max_message_bytes
         # at least 1: a record too big for any batch still gets one, and is refused below
         limit = max(records_limit(compression, max_message_bytes), 1)
         self._acc = _Accumulator(partitions, batch_records, batch_size, min(limit, 2**31 - 1),
-                                 V2_HEADER_SIZE, pa.allocate_buffer)
+                                 V2_HEADER_SIZE, allocate or pa.allocate_buffer)
 
     def append(self, data: EncodeInput, part: np.ndarray,
                sizes: Optional[np.ndarray] = None) -> List[Closed]:
@@ -215,10 +217,11 @@ class PieceAccumulator:
 
 def new_accumulator(topic: str, partitions: int, *, magic: int, compression: int,
                     level: Optional[int], batch_records: int, batch_size: int,
-                    max_message_bytes: int):
-    """The C accumulator for magic 2 when it is built, else the Python one."""
+                    max_message_bytes: int, allocate=None):
+    """The C accumulator for magic 2 when it is built, else the Python one. ``allocate``: the
+    C accumulator's batch buffers (see :class:`BatchAccumulator`); the Python one ignores it."""
     kw = dict(compression=compression, level=level, batch_records=batch_records,
               batch_size=batch_size, max_message_bytes=max_message_bytes)
     if _Accumulator is not None and magic == MAGIC_V2:
-        return BatchAccumulator(topic, partitions, **kw)
+        return BatchAccumulator(topic, partitions, allocate=allocate, **kw)
     return PieceAccumulator(topic, partitions, magic=magic, **kw)
