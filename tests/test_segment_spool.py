@@ -3,8 +3,9 @@
 A spooled partition must publish exactly the segments ``write_segments`` writes (every file,
 byte for byte), a spooled task exactly what an unspooled one writes; nothing is left behind (no
 temp file, no segment) when a spool is discarded, fails or no longer matches; and a spool that
-fails on the writer thread makes the task write its batches the plain way. A task spools only
-where its storage writes through the page cache (``storage.direct_io=false``).
+fails on the writer thread makes the task write its batches the plain way. A task spools on
+local storage, through the page cache (``storage.direct_io=false``) and with O_DIRECT (the
+default) alike, unless told not to.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from pyspark_kafkalog.log.segment_spool import SegmentSpool
 from pyspark_kafkalog.log.segment_writer import plan_segments, write_segments
 from pyspark_kafkalog.spark.write_options import WriteOptions
 from pyspark_kafkalog.storage.local import LocalStorage
-from pyspark_kafkalog.storage.local_spool import LocalSpool
+from pyspark_kafkalog.storage.local_spool import LocalDirectSpool, LocalSpool
 from spool_support import HAS_DIRECT, needs_direct, temp_files, segment_files
 
 # -- SegmentSpool -------------------------------------------------------------------------------
@@ -58,10 +59,11 @@ def _stamp(batches, base, epoch, log_append_ms=None):
     return out
 
 
+@pytest.mark.parametrize("direct", [False, pytest.param(True, marks=needs_direct)])
 @pytest.mark.parametrize("log_append", [False, True])
-def test_segment_spool_writes_what_write_segments_writes(tmp_path, log_append):
+def test_segment_spool_writes_what_write_segments_writes(tmp_path, log_append, direct):
     rng = random.Random(11 + 2 * log_append)
-    st = LocalStorage(str(tmp_path), fsync=False, direct_io=False)
+    st = LocalStorage(str(tmp_path), fsync=False, direct_io=direct)
     config = LogConfig(segment_bytes=40_000, index_interval_bytes=1500,
                        message_timestamp_type=LOG_APPEND_TIME if log_append else CREATE_TIME)
     batches = _v2_batches(rng, 120, big_every=7)
@@ -74,6 +76,7 @@ def test_segment_spool_writes_what_write_segments_writes(tmp_path, log_append):
         i += k
     assert temp_files(tmp_path) and not st.list("A/t-0")
     assert [s.size for s, _ in spool.files] == [sum(sizes) for _, sizes in spool.files]
+    assert {type(s) for s, _ in spool.files} == {LocalDirectSpool if direct else LocalSpool}
     stamped = _stamp(batches, 1234, 7, 1_800_000_000_000 if log_append else None)
     assert len(plan_segments(stamped, config.segment_bytes)) > 3
     assert spool.matches(stamped, config.segment_bytes)
@@ -250,46 +253,52 @@ def _record_publishes(monkeypatch):
 
 
 @needs_direct
-def test_task_writer_spools_only_with_direct_io_off(tmp_path):
-    """The default storage (O_DIRECT on Linux) does not spool, even when asked to;
-    ``storage.direct_io=false`` spools unless ``spool=False``."""
+def test_task_writer_spools_unless_told_not_to(tmp_path):
+    """Local storage spools, with O_DIRECT (the default) as through the page cache
+    (``storage.direct_io=false``), unless ``spool=False``; each with its kind of spool."""
     url = str(tmp_path / "c")
     _make_cluster(url, {"segment.bytes": "100000"})
     batches = _arrow_batches(3, 3, 1000)
-    for direct_io, spool, want in ((None, None, False), (True, None, False),
-                                   (True, True, False), (False, None, True),
-                                   (False, True, True), (False, False, False)):
-        tw, _ = _task(url, direct_io=direct_io, spool=spool,
-                      extra={"buffer.memory": str(1 << 30)}, run_bytes=16 << 10)
-        assert tw.cluster.storage._direct is (direct_io is not False)
-        assert tw.cluster.storage.can_spool is (direct_io is False)
-        assert tw.spooling is want, (direct_io, spool)
-        for b in batches:
-            tw.add(b)
-        tw.spool_writer.wait()
-        assert bool(temp_files(url)) is want and bool(tw.spools) is want
-        tw.abort()
-        assert not temp_files(url) and not segment_files(url)
+    for direct_io in (None, True, False):
+        for spool in (None, True, False):
+            tw, _ = _task(url, direct_io=direct_io, spool=spool,
+                          extra={"buffer.memory": str(1 << 30)}, run_bytes=16 << 10)
+            assert tw.cluster.storage._direct is (direct_io is not False)
+            assert tw.cluster.storage.can_spool is True
+            want = spool is not False
+            assert tw.spooling is want, (direct_io, spool)
+            for b in batches:
+                tw.add(b)
+            tw.spool_writer.wait()
+            assert bool(temp_files(url)) is want and bool(tw.spools) is want
+            kinds = {type(f) for s in tw.spools.values() for f, _ in s.files}
+            assert kinds == ({LocalSpool if direct_io is False else LocalDirectSpool}
+                             if want else set())
+            tw.abort()
+            assert not temp_files(url) and not segment_files(url)
 
 
 @pytest.mark.parametrize("case", ["create_time", "log_append_lz4"])
 def test_task_writer_spooled_writes_the_same_segments(tmp_path, case, monkeypatch):
-    """Spooled (``storage.direct_io=false``) and unspooled (the default storage, or
-    ``spool=False``) tasks write the same segment files, byte for byte."""
+    """Tasks spooled with O_DIRECT (the default storage), spooled through the page cache
+    (``storage.direct_io=false``) and not spooled (``spool=False``) write the same segment
+    files, byte for byte."""
     topic_configs = {"segment.bytes": "250000", "index.interval.bytes": "2048"}
     extra = {}
-    plain = {"direct_io": None, "spool": None} if HAS_DIRECT else {"spool": False}
     if case == "log_append_lz4":
         topic_configs["message.timestamp.type"] = "LogAppendTime"
         extra = {"compression.type": "lz4"}
-        plain = {"direct_io": False, "spool": False}
     published = _record_publishes(monkeypatch)
     batches = _arrow_batches(4, 28, 1000)
-    roots = {}
-    for spool in (True, False):
-        url = str(tmp_path / ("spooled" if spool else "plain"))
+    ways = {"buffered": {"direct_io": False}, "plain": {"direct_io": None, "spool": False}}
+    if HAS_DIRECT:
+        ways = {"direct": {"direct_io": None}, **ways}
+    roots, n_published = {}, None
+    for way, kw in ways.items():
+        spool = way != "plain"
+        url = str(tmp_path / way)
         admin = _make_cluster(url, topic_configs)
-        tw, prod = _task(url, extra=extra, run_bytes=256 << 10, **({} if spool else plain))
+        tw, prod = _task(url, extra=extra, run_bytes=256 << 10, **kw)
         assert tw.spooling is spool
         saw_spools = False
         for b in batches:
@@ -305,19 +314,22 @@ def test_task_writer_spooled_writes_the_same_segments(tmp_path, case, monkeypatc
         assert sorted(r.value for r in got) == _all_values(batches)
         if "log_append" in case:
             assert {r.timestamp for r in got} == {int(FIXED_NOW * 1000)}
-        roots[spool] = segment_files(url)
+        roots[way] = segment_files(url)
         if spool:   # every partition of every flush was published from its spool
             n_segments = sum(len(s) for p in pending for s in p.segments.values())
             assert len(published) == sum(len(p.segments) for p in pending) > 3
             assert sum(published) == n_segments
             n_published = len(published)
+            del published[:]
         else:
-            assert len(published) == n_published
-    spooled, plain = roots[True], roots[False]
-    assert sorted(spooled) == sorted(plain)
-    assert len(spooled) == 3 * n_segments and n_segments > 6
-    for name in spooled:
-        assert spooled[name] == plain[name], name
+            assert not published
+    plain = roots.pop("plain")
+    assert len(plain) == 3 * n_segments and n_segments > 6
+    for way, files in roots.items():
+        assert sorted(files) == sorted(plain), way
+        for name in files:
+            assert files[name] == plain[name], (way, name)
+    assert n_published
 
 
 @pytest.mark.parametrize("flushed_first", [False, True])

@@ -1,11 +1,13 @@
-"""Spooled files: ``storage.local_spool.LocalSpool`` and ``LocalStorage.can_spool``.
+"""Spooled files: ``storage.local_spool.LocalSpool`` and ``LocalDirectSpool``.
 
-A spool is a temp file written (through the page cache) while its content is produced, patched
-at the end (``publish``'s patches: (absolute position, bytes), written with ``pwrite``) and
-published whole. The published bytes must be exactly the appended bytes with the patches
-applied, no file descriptor stays open between calls, nothing is visible before ``publish``
-and nothing is left behind (no temp file) after ``publish`` or ``discard``, whatever happened.
-``LocalStorage`` lets writers spool only where segments go through the page cache anyway.
+A spool is a temp file written while its content is produced, patched at the end
+(``publish``'s patches: (absolute position, bytes)) and published whole. The published bytes
+must be exactly the appended bytes with the patches applied, no file descriptor stays open
+between calls, nothing is visible before ``publish`` and nothing is left behind (no temp file)
+after ``publish`` or ``discard``, whatever happened. Through the page cache the patches are
+written with ``pwrite``; with O_DIRECT (``LocalStorage``'s default) every write is of whole aligned
+blocks, and ``publish`` rewrites only the blocks its patches and the last partial block touch,
+from copies kept of the blocks holding each piece's head.
 """
 from __future__ import annotations
 
@@ -18,7 +20,17 @@ import pytest
 from pyspark_kafkalog.errors import AlreadyExistsError, KafkaLogError
 from pyspark_kafkalog.storage import local as local_mod
 from pyspark_kafkalog.storage.local import LocalStorage
-from spool_support import ALIGN, needs_direct, temp_files, segment_files, spy_os
+from pyspark_kafkalog.storage.local_spool import LocalDirectSpool, LocalSpool
+from spool_support import ALIGN, HAS_DIRECT, needs_direct, temp_files, segment_files, spy_os
+
+#: both kinds of spool where this OS has O_DIRECT
+DIRECT = [False, pytest.param(True, marks=needs_direct)]
+
+
+def _storage(tmp_path, direct, **kw):
+    st = LocalStorage(str(tmp_path), direct_io=direct, **kw)
+    assert st._direct is (direct and HAS_DIRECT)
+    return st
 
 # -- LocalSpool: byte for byte ------------------------------------------------------------------
 
@@ -63,11 +75,13 @@ def _ranges(rng, start, length, total):
     return sorted(out)
 
 
+@pytest.mark.parametrize("direct", DIRECT)
 @pytest.mark.parametrize("total", [1, 61, ALIGN - 1, ALIGN, ALIGN + 1, 5 * ALIGN + 17,
-                                   (1 << 20) + ALIGN + 1, (3 << 20) - 5])
-def test_spool_publishes_the_appended_bytes_with_the_patches(tmp_path, total, monkeypatch):
+                                   (1 << 20) + ALIGN + 1, (3 << 20) - 5, (9 << 20) + 3])
+def test_spool_publishes_the_appended_bytes_with_the_patches(tmp_path, total, direct,
+                                                             monkeypatch):
     rng = random.Random(total)
-    live, pwrites, fsyncs = set(), [], []
+    live, pwrites, fsyncs, reads = set(), [], [], []
 
     def spy_open(path, flags, *a):
         fd = os.open(path, flags, *a)
@@ -85,10 +99,20 @@ def test_spool_publishes_the_appended_bytes_with_the_patches(tmp_path, total, mo
     def spy_fsync(fd):
         fsyncs.append(fd)
         os.fsync(fd)
-    spy_os(monkeypatch, open=spy_open, close=spy_close, pwrite=spy_pwrite, fsync=spy_fsync)
-    # open_spool works whatever direct_io says: a spool is always buffered
-    st = LocalStorage(str(tmp_path), fsync=total % 2 == 0, direct_io=total % 3 == 0)
-    spool = st.open_spool("t-0", "x.log")
+
+    def spy_preadv(fd, bufs, pos):
+        reads.append(pos)
+        return os.preadv(fd, bufs, pos)
+
+    def spy_pwritev(fd, bufs, pos):
+        pwritevs.append((pos, sum(len(b) for b in bufs)))
+        return os.pwritev(fd, bufs, pos)
+    pwritevs = []
+    spy_os(monkeypatch, open=spy_open, close=spy_close, pwrite=spy_pwrite, fsync=spy_fsync,
+           preadv=spy_preadv, pwritev=spy_pwritev)
+    st = _storage(tmp_path, direct, fsync=total % 2 == 0)
+    spool = st.open_spool("t-0", "x.log", 61)
+    assert type(spool) is (LocalDirectSpool if direct else LocalSpool)
     assert not live
     appended = bytearray()
     ranges = []
@@ -119,9 +143,26 @@ def test_spool_publishes_the_appended_bytes_with_the_patches(tmp_path, total, mo
         else:
             patches.append((a, bytes(final[a:b])))
     assert not st.list("t-0") and len(temp_files(tmp_path)) == 1   # invisible until published
+    if direct:   # the appends wrote every whole block, each once, in order
+        assert all(p % ALIGN == 0 and n % ALIGN == 0 for p, n in pwrites)
+        assert sum(n for _, n in pwrites) == total // ALIGN * ALIGN
+        assert [p for p, _ in pwrites] == sorted(p for p, _ in pwrites)
+    del pwrites[:]
     spool.publish("t-0/00000000000000000000.log", patches)
     assert not live
-    assert sorted(pwrites) == sorted((p, len(d)) for p, d in patches)
+    if direct:   # whole blocks, those the patches touch and the last partial one, buffered
+        touched = {b for a, e in ranges for b in range(a // ALIGN, (e - 1) // ALIGN + 1)}
+        if total % ALIGN:
+            touched.add(total // ALIGN)
+        written = [b for p, n in pwritevs for b in range(p // ALIGN, -(-(p + n) // ALIGN))]
+        assert not pwrites and all(p % ALIGN == 0 for p, _ in pwritevs)
+        assert all(n % ALIGN == 0 or p + n == total for p, n in pwritevs)
+        assert sorted(written) == sorted(touched)
+        # a piece's first 61 bytes were kept; only other blocks are read back, once each
+        assert len(reads) == len(set(reads)) and all(r // ALIGN in touched for r in reads)
+    else:
+        assert sorted(pwrites) == sorted((p, len(d)) for p, d in patches)
+        assert not reads and not pwritevs
     assert len(fsyncs) == (1 if st._fsync else 0)  # the file; st._sync_dir does the directory
     got = (tmp_path / "t-0" / "00000000000000000000.log").read_bytes()
     assert len(got) == total
@@ -130,8 +171,38 @@ def test_spool_publishes_the_appended_bytes_with_the_patches(tmp_path, total, mo
     assert [f.name for f in st.list("t-0")] == ["00000000000000000000.log"]
 
 
-def test_spool_without_patches_and_with_empty_appends(tmp_path):
-    st = LocalStorage(str(tmp_path), fsync=False)
+@needs_direct
+def test_direct_spool_rewrites_only_the_blocks_of_piece_heads(tmp_path, monkeypatch):
+    """Pieces (batches) of 100 KiB-ish; the patches are their first 61 bytes: publish reads
+    nothing back and writes one run per group of adjacent head blocks, plus the last block."""
+    rng = random.Random(9)
+    pwrites, reads = [], []
+    spy_os(monkeypatch, pwritev=lambda fd, d, p: pwrites.append((p, sum(map(len, d))))
+           or os.pwritev(fd, d, p), preadv=lambda *a: reads.append(a) or os.preadv(*a))
+    st = _storage(tmp_path, True, fsync=True)
+    spool = st.open_spool("d", "x.log", 61)
+    pieces = [rng.randbytes(rng.randrange(90_000, 110_000)) for _ in range(40)]
+    pieces[7] = rng.randbytes(30)          # a piece shorter than its head
+    for i in range(0, 40, 6):
+        spool.append(pieces[i:i + 6])
+    appended = pieces and b"".join(pieces)
+    starts = [sum(map(len, pieces[:i])) for i in range(40)]
+    heads = [(a, bytes(reversed(appended[a:a + min(61, len(p))]))) for a, p in zip(starts, pieces)]
+    spool.publish("d/f.log", heads)
+    assert not reads
+    blocks = {b for a, h in heads for b in range(a // ALIGN, (a + len(h) - 1) // ALIGN + 1)}
+    blocks.add(len(appended) // ALIGN)
+    assert sorted(b for p, n in pwrites for b in range(p // ALIGN, -(-(p + n) // ALIGN))) == \
+        sorted(blocks)
+    want = bytearray(appended)
+    for a, h in heads:
+        want[a:a + len(h)] = h
+    assert (tmp_path / "d" / "f.log").read_bytes() == bytes(want)
+
+
+@pytest.mark.parametrize("direct", DIRECT)
+def test_spool_without_patches_and_with_empty_appends(tmp_path, direct):
+    st = _storage(tmp_path, direct, fsync=False)
     spool = st.open_spool("d", "x.log")
     spool.append([])
     spool.append([b"", b"ab", bytearray()])
@@ -147,8 +218,9 @@ def test_spool_without_patches_and_with_empty_appends(tmp_path):
 
 # -- publish, discard, cleanup ------------------------------------------------------------------
 
-def test_publish_is_create_if_absent_unless_replace(tmp_path):
-    st = LocalStorage(str(tmp_path), fsync=False, direct_io=False)
+@pytest.mark.parametrize("direct", DIRECT)
+def test_publish_is_create_if_absent_unless_replace(tmp_path, direct):
+    st = _storage(tmp_path, direct, fsync=False)
     st.create_if_absent("d/f.log", b"old content")
     body = random.Random(1).randbytes(3 * ALIGN + 5)
     final = b"XXXX" + body[4:]
@@ -181,8 +253,9 @@ def test_publish_is_create_if_absent_unless_replace(tmp_path):
     assert not temp_files(tmp_path) and not (tmp_path / "e" / "g.log").exists()
 
 
-def test_discard_and_cleanup_leave_nothing(tmp_path):
-    st = LocalStorage(str(tmp_path), fsync=False, direct_io=False)
+@pytest.mark.parametrize("direct", DIRECT)
+def test_discard_and_cleanup_leave_nothing(tmp_path, direct):
+    st = _storage(tmp_path, direct, fsync=False)
     body = random.Random(2).randbytes(2 * ALIGN + 100)
     spool = st.open_spool("d", "f.log")
     spool.append([body])
@@ -202,10 +275,11 @@ def test_discard_and_cleanup_leave_nothing(tmp_path):
     kept.discard()                                 # its file is gone already: no error
 
 
-def test_a_patch_outside_the_file_is_refused(tmp_path):
+@pytest.mark.parametrize("direct", DIRECT)
+def test_a_patch_outside_the_file_is_refused(tmp_path, direct):
     """A patch must lie in [0, size): publish raises ValueError (a caller's bug, not the
     storage's), and neither the target nor the temp file is left."""
-    st = LocalStorage(str(tmp_path), fsync=False, direct_io=False)
+    st = _storage(tmp_path, direct, fsync=False)
     size = 3 * ALIGN + 100
     for pos, data in ((size - 2, b"xyz"), (-1, b"x"), (size, b"x"), (-5, b"x" * 10),
                       (0, bytes(size + 1))):
@@ -228,10 +302,11 @@ def test_a_patch_outside_the_file_is_refused(tmp_path):
     assert not temp_files(tmp_path)
 
 
-def test_a_spool_is_unusable_after_discard_or_publish(tmp_path):
+@pytest.mark.parametrize("direct", DIRECT)
+def test_a_spool_is_unusable_after_discard_or_publish(tmp_path, direct):
     """A plain ValueError (a caller's bug: ``storage_errors`` lets it through unwrapped),
     before touching any file."""
-    st = LocalStorage(str(tmp_path), fsync=False, direct_io=False)
+    st = _storage(tmp_path, direct, fsync=False)
     body = random.Random(4).randbytes(2 * ALIGN + 7)
 
     def refused(fn, *a, **kw):
@@ -262,8 +337,9 @@ def test_a_spool_is_unusable_after_discard_or_publish(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
-def test_many_open_spools_hold_no_file_descriptors(tmp_path):
-    st = LocalStorage(str(tmp_path), fsync=False, direct_io=False)
+@pytest.mark.parametrize("direct", DIRECT)
+def test_many_open_spools_hold_no_file_descriptors(tmp_path, direct):
+    st = _storage(tmp_path, direct, fsync=False)
     rng = random.Random(6)
     before = len(os.listdir("/proc/self/fd"))
     spools, bodies = [], []
@@ -289,22 +365,35 @@ def test_many_open_spools_hold_no_file_descriptors(tmp_path):
     assert len(segment_files(tmp_path)) == 150
 
 
-# -- can_spool ----------------------------------------------------------------------------------
+# -- which spool -------------------------------------------------------------------------------
 
-def test_can_spool_only_through_the_page_cache(tmp_path):
+def test_open_spool_follows_direct_io(tmp_path):
     assert LocalStorage(str(tmp_path / "b"), direct_io=False).can_spool is True
+    assert type(LocalStorage(str(tmp_path / "b"), direct_io=False).open_spool("d", "x")) \
+        is LocalSpool
     st = LocalStorage(str(tmp_path / "d"), direct_io=True)
-    assert st.can_spool is (not st._direct) is (not hasattr(os, "O_DIRECT"))
+    assert st.can_spool is True
+    assert type(st.open_spool("d", "x")) is (LocalDirectSpool if HAS_DIRECT else LocalSpool)
 
 
 @needs_direct
-def test_can_spool_once_o_direct_was_refused(tmp_path, monkeypatch):
+def test_a_buffered_spool_once_o_direct_is_refused(tmp_path, monkeypatch):
+    """A filesystem that refuses O_DIRECT (EINVAL, e.g. tmpfs on old kernels): the spool goes
+    through the page cache, no temp file is left from the refused attempt, and the storage
+    stops trying."""
+    tried = []
+
     def no_direct(path, flags, *a):
         if flags & os.O_DIRECT:
+            tried.append(path)
             raise OSError(errno.EINVAL, "Invalid argument")
         return os.open(path, flags, *a)
-    spy_os(monkeypatch, local_mod, open=no_direct)
+    spy_os(monkeypatch, open=no_direct)
     st = LocalStorage(str(tmp_path), fsync=False, direct_io=True)
-    assert st.can_spool is False
-    st.create_if_absent_pieces("d/a.log", [bytes(local_mod._DIRECT_MIN + 1)])
-    assert st._direct is False and st.can_spool is True
+    spool = st.open_spool("d", "x.log", 61)
+    assert type(spool) is LocalSpool and st._direct is False and len(tried) == 1
+    assert len(temp_files(tmp_path)) == 1
+    spool.append([b"abc" * 2000])
+    spool.publish("d/f.log", [(0, b"XY")])
+    assert (tmp_path / "d" / "f.log").read_bytes() == b"XY" + (b"abc" * 2000)[2:]
+    assert type(st.open_spool("d", "y.log")) is LocalSpool and len(tried) == 1

@@ -9,8 +9,8 @@ After the reservation :meth:`SegmentSpool.publish` patches each batch's first 61
 offset, leader epoch, and LogAppendTime's fields: the only bytes a reservation changes, all
 outside the records) and publishes the segment files in the usual order (indexes, then the
 ``.log``) and under the usual names, so the result is byte-identical to ``write_segments``.
-Only where the storage writes through the page cache (``Storage.can_spool``: see
-``storage/local_spool.py`` for why not with O_DIRECT).
+Where the storage can (``Storage.can_spool``: local disk, with O_DIRECT or through the page
+cache; see ``storage/local_spool.py`` for how each writes the patches).
 
 Nothing here is visible before ``publish``: the temp files are the storage's ordinary ones
 (hidden from listings, removed by ``cleanup_temp_files`` when a killed task leaves them). The
@@ -50,7 +50,8 @@ class SegmentSpool:
             if not self.files or self._size + n > self.segment_bytes:   # plan_segments' rule
                 self._write(run)
                 run = []
-                self.files.append((self.storage.open_spool(self.dir_path, SPOOL_HINT), []))
+                self.files.append((self.storage.open_spool(self.dir_path, SPOOL_HINT,
+                                                             V2_HEADER_SIZE), []))
                 self._size = 0
             run.append(data)
             self.files[-1][1].append(n)

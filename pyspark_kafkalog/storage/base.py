@@ -234,12 +234,14 @@ class Storage(abc.ABC):
     #: and write it whole: where a spool overlaps the kernel's work with theirs
     can_spool = False
 
-    def open_spool(self, dir_path: str, hint: str):
+    def open_spool(self, dir_path: str, hint: str, head: int = 0):
         """A file in ``dir_path`` that is written as its content is produced and published
         whole at the end (``storage.local_spool.LocalSpool``: ``append``, ``publish`` with
         patches, ``discard``), or None where the backend cannot do that (object stores write
         an object in one request): the caller then keeps the content and uses
-        :meth:`create_if_absent_pieces`. ``hint`` goes into the temp file's name."""
+        :meth:`create_if_absent_pieces`. ``hint`` goes into the temp file's name. ``head``:
+        the patches will mostly fall in the first ``head`` bytes of appended pieces (an
+        O_DIRECT spool keeps those blocks so as not to read them back)."""
         return None
 
     @abc.abstractmethod

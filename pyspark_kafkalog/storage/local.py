@@ -165,7 +165,8 @@ class LocalStorage(Storage):
       little, evicts other data, and is expensive where filling the page cache is (some VMs:
       docs/spark-write.md). The price: the first read of new data comes from the device. A
       filesystem that refuses ``O_DIRECT`` (EINVAL) gets buffered writes, silently, and so does
-      every write with ``direct_io=False``.
+      every write with ``direct_io=False``. Spools (``open_spool``) follow the same choice:
+      ``local_spool.LocalDirectSpool`` or ``LocalSpool``.
 
     Temp files are named ``.<target>.tmp-<16 hex>`` (see :meth:`Storage.is_temp_name`): a writer
     killed between writing and publishing leaves one, which listings hide and
@@ -380,14 +381,19 @@ class LocalStorage(Storage):
 
     concurrent_writes = True
 
-    @property
-    def can_spool(self) -> bool:
-        return not self._direct     # see local_spool: spooling pays only through the page cache
+    can_spool = True     # through the page cache, and with O_DIRECT (see local_spool)
 
-    def open_spool(self, dir_path: str, hint: str):
-        from .local_spool import LocalSpool
+    def open_spool(self, dir_path: str, hint: str, head: int = 0):
+        from .local_spool import LocalDirectSpool, LocalSpool
+        directory = self._abs(dir_path, allow_root=True)
         with storage_errors("create", self._where(f"{dir_path}/{hint}")):
-            return LocalSpool(self, self._abs(dir_path, allow_root=True), hint)
+            if self._direct:
+                spool = LocalDirectSpool.open(self, directory, hint, head)
+                if spool is not None:
+                    return spool
+                self._direct = False
+                log.info("%s: O_DIRECT refused; spooling through the page cache", self.url)
+            return LocalSpool(self, directory, hint)
 
     def create_if_absent(self, path: str, data: bytes) -> None:
         full = self._abs(path)
