@@ -30,6 +30,7 @@ from ..cluster.range_reader import read_range
 from ..cluster.sources import normalize_url, open_source
 from ..errors import InvalidConfigError
 from ..log.segment import ReadStats
+from . import worker_gc
 from .read_options import ReadOptions
 
 _NEVER_NULL = {"topic", "partition", "offset", "timestamp", "timestampType"}
@@ -173,6 +174,7 @@ class KafkaLogReader(DataSourceReader):
         return [KafkaLogInputPartition(t) for t in tasks]
 
     def read(self, partition: InputPartition) -> Iterator:
+        worker_gc.freeze_once()
         task = partition.value
         if not isinstance(task, ReadTask):   # nothing planned: Spark's single empty partition
             return iter(())

@@ -33,6 +33,7 @@ from ..cluster.spark_job import (abort_job, commit_job, ensure_topic, job_produc
 from ..cluster.cluster import Cluster
 from ..cluster.producer import PendingWrite
 from ..errors import InvalidConfigError
+from . import worker_gc
 from .write_options import WriteOptions
 
 
@@ -101,6 +102,7 @@ class KafkaLogWriter(DataSourceArrowWriter):
         return Cluster(self.options.path, create=False, **self.options.cluster_kwargs())
 
     def write(self, iterator: Iterator) -> KafkaLogCommitMessage:
+        worker_gc.freeze_once()
         tw = TaskWriter(self._cluster(), self.options, producer=self.producer)
         try:
             for batch in iterator:
