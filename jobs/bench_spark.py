@@ -145,10 +145,15 @@ class BytesWriter(DataSourceArrowWriter):
 
 def round_robin(repeat: int, fns: Dict[str, Callable[[], object]]) -> Dict[str, list]:
     """Every contender ``repeat`` times, taking turns, so that drift in a shared machine's load
-    falls on all of them alike; returns the sorted wall times per contender."""
+    falls on all of them alike; returns the sorted wall times per contender. The order rotates
+    from one round to the next, so that each contender follows each other one equally often
+    (with ``repeat`` a multiple of their number): what one leaves behind (Parquet's dirty page
+    cache, written back during whatever runs next; a JVM garbage collection) falls on all of
+    them alike, not always on the one after it."""
     times: Dict[str, list] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for r in range(repeat):
+        for name, fn in order[r % len(order):] + order[:r % len(order)]:
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
