@@ -173,3 +173,19 @@ def test_task_writer_takes_and_gives_back_an_arena(tmp_path, pool):
     tw.add(rows)
     tw.abort()                                    # abort gives it back as well
     assert tw.arena is None and pool.idle_bytes() > 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_with_no_idle_arenas(pool):
+    a = pool.take()
+    a.allocate(10)
+    pool.give(a)
+    assert pool._idle and pool._timer is not None
+    pid = os.fork()
+    if pid == 0:   # the child: exit code 0 only if the pool started afresh
+        ok = arena._idle == [] and arena._timer is None and arena.idle_bytes() == 0
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert pool._idle == [a]                      # the parent keeps its own
+    pool._timer.cancel()

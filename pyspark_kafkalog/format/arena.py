@@ -5,7 +5,7 @@ live until its segments are written, about as many bytes as the task writes, and
 them all. The allocator gives freed pages back to the OS within milliseconds (mimalloc's purge
 delay), so the next task faults every page in again. On a VM that is a trip to the hypervisor
 per 4 KiB page: measured in the Spark write benchmark, the C accumulator spent about 70 ms per
-500k-row task, half of it faulting, and half that with the pool's purging disabled
+500k-row task, and about 35 ms with the pool's purging disabled or with this arena
 (docs/spark-write.md). An :class:`Arena` hands out slices of large private mappings, advised as
 transparent huge pages (one fault per 2 MiB where the OS has them), and a task gives it back
 whole when its segments are written; the next task in the same worker reuses the pages.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import sys
 import threading
 import time
@@ -155,6 +156,16 @@ def _trim() -> None:
             _timer = threading.Timer(IDLE_SECONDS, _trim)
             _timer.daemon = True
             _timer.start()
+
+
+def _after_fork() -> None:
+    """A forked child has no timer thread (and may share the parent's pages): start afresh."""
+    global _lock, _idle, _timer
+    _lock, _idle, _timer = threading.Lock(), [], None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def idle_bytes() -> int:

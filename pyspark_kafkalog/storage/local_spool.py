@@ -17,7 +17,8 @@ With O_DIRECT (``LocalStorage``'s default) :class:`LocalDirectSpool` writes each
 device in whole aligned blocks, provisional bytes and all, and keeps in memory a copy of the
 few blocks that hold the bytes to be patched (a record batch's header: the caller says how many
 bytes at the head of each appended piece, ``head``). :meth:`LocalDirectSpool.publish` writes
-the last partial block, then rewrites only the kept blocks with their patches. An earlier
+the last partial block and the patched blocks, whole, through the page cache (a few pages that
+the fsync writes together; one O_DIRECT write per block cost a device round trip each). An earlier
 O_DIRECT spool that held the patched blocks back instead, and so cut its writes at every batch
 header, cost more CPU than it saved (each write is a VM exit here); this one writes a 4 MiB run
 in one or two calls and leaves about one 4 KiB block per batch for the end
