@@ -109,7 +109,8 @@ def test_spool_publishes_the_appended_bytes_with_the_patches(tmp_path, total, di
         return os.pwritev(fd, bufs, pos)
     pwritevs = []
     spy_os(monkeypatch, open=spy_open, close=spy_close, pwrite=spy_pwrite, fsync=spy_fsync,
-           preadv=spy_preadv, pwritev=spy_pwritev)
+           preadv=spy_preadv)
+    spy_os(monkeypatch, local_mod, pwritev=spy_pwritev)   # local._writev_all
     st = _storage(tmp_path, direct, fsync=total % 2 == 0)
     spool = st.open_spool("t-0", "x.log", 61)
     assert type(spool) is (LocalDirectSpool if direct else LocalSpool)
@@ -177,8 +178,9 @@ def test_direct_spool_rewrites_only_the_blocks_of_piece_heads(tmp_path, monkeypa
     nothing back and writes one run per group of adjacent head blocks, plus the last block."""
     rng = random.Random(9)
     pwrites, reads = [], []
-    spy_os(monkeypatch, pwritev=lambda fd, d, p: pwrites.append((p, sum(map(len, d))))
-           or os.pwritev(fd, d, p), preadv=lambda *a: reads.append(a) or os.preadv(*a))
+    spy_os(monkeypatch, local_mod, pwritev=lambda fd, d, p: pwrites.append(
+        (p, sum(map(len, d)))) or os.pwritev(fd, d, p))
+    spy_os(monkeypatch, preadv=lambda *a: reads.append(a) or os.preadv(*a))
     st = _storage(tmp_path, True, fsync=True)
     spool = st.open_spool("d", "x.log", 61)
     pieces = [rng.randbytes(rng.randrange(90_000, 110_000)) for _ in range(40)]

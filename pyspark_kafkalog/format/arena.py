@@ -41,9 +41,10 @@ RETAIN_BYTES = 256 << 20
 IDLE_SECONDS = 30.0
 
 
-def _new_chunk(size: int) -> Tuple[mmap.mmap, int]:
-    """A private anonymous mapping and the offset in it where ``size`` huge-page-aligned bytes
-    start."""
+def huge_page_mapping(size: int) -> Tuple[mmap.mmap, int]:
+    """A private anonymous mapping and the offset in it where ``size`` bytes start, aligned to
+    and advised as transparent huge pages where the OS has them (also the storage's O_DIRECT
+    staging buffers)."""
     private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
     total = size + _HUGE_PAGE
     buf = mmap.mmap(-1, total, flags=private) if private else mmap.mmap(-1, total)
@@ -64,7 +65,7 @@ class _Chunk:
     __slots__ = ("buf", "start", "idle_refs")
 
     def __init__(self, size: int):
-        self.buf, self.start = _new_chunk(size)
+        self.buf, self.start = huge_page_mapping(size)
         self.idle_refs = self.refs()
 
     def refs(self) -> int:

@@ -5,16 +5,15 @@ what the guarantees below are built from, so this backend talks to the OS itself
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
-import mmap
 import os
 import shutil
 import threading
 from typing import Optional
 
 from ..errors import AlreadyExistsError, InvalidConfigError, StorageNotFoundError
+from ..format.arena import huge_page_mapping
 from .base import (
     FileInfo,
     Storage,
@@ -43,7 +42,6 @@ _DIRECT_ALIGN = 4096
 #: buffer and the extra calls cost more than the page cache does.
 _DIRECT_MIN = 1 << 20
 _DIRECT_CHUNK = 4 << 20
-_HUGE_PAGE = 2 << 20
 _staging = threading.local()
 
 
@@ -55,15 +53,7 @@ def _staging_buffer() -> memoryview:
     write and sync, and 12 ms of CPU instead of 17 (docs/spark-write.md)."""
     view = getattr(_staging, "view", None)
     if view is None:
-        size = _DIRECT_CHUNK + _HUGE_PAGE
-        private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-        buf = mmap.mmap(-1, size, flags=private) if private else mmap.mmap(-1, size)
-        start = -ctypes.addressof(ctypes.c_char.from_buffer(buf)) % _HUGE_PAGE
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                buf.madvise(mmap.MADV_HUGEPAGE, start, _DIRECT_CHUNK)
-            except OSError:   # no THP in this kernel: small pages work, only slower
-                pass
+        buf, start = huge_page_mapping(_DIRECT_CHUNK)
         _staging.buf = buf
         view = _staging.view = memoryview(buf)[start:start + _DIRECT_CHUNK]
     return view
@@ -99,11 +89,16 @@ def _write_direct(fd: int, views: list, total: int) -> bool:
     return True
 
 
-def _writev_all(fd: int, views: list) -> None:
-    """``os.writev`` until every byte of ``views`` is written (a write may stop anywhere)."""
+def _writev_all(fd: int, views: list, at: Optional[int] = None) -> None:
+    """``os.writev`` (``os.pwritev`` from position ``at``) until every byte of ``views`` is
+    written (a write may stop anywhere)."""
     i = 0
     while i < len(views):
-        written = os.writev(fd, views[i:i + _IOV_MAX])
+        if at is None:
+            written = os.writev(fd, views[i:i + _IOV_MAX])
+        else:
+            written = os.pwritev(fd, views[i:i + _IOV_MAX], at)
+            at += written
         while i < len(views) and written >= len(views[i]):
             written -= len(views[i])
             i += 1

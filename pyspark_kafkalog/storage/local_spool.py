@@ -32,7 +32,7 @@ from typing import Sequence, Tuple
 
 from ..errors import AlreadyExistsError
 from .base import storage_errors, temp_name_for
-from .local import _DIRECT_ALIGN as _ALIGN, _DIRECT_CHUNK, _IOV_MAX, _staging_buffer
+from .local import _DIRECT_ALIGN as _ALIGN, _DIRECT_CHUNK, _staging_buffer, _writev_all
 
 
 class LocalSpool:
@@ -59,7 +59,6 @@ class LocalSpool:
 
     def append(self, pieces: Sequence) -> None:
         """Append ``pieces`` back to back."""
-        from .local import _writev_all
         views = [memoryview(p).cast("B") for p in pieces if len(p)]
         with storage_errors("write", self._tmp):
             fd = self._open()
@@ -247,24 +246,12 @@ class LocalDirectSpool(LocalSpool):
                 data, pos = data[k:], pos + k
         run: list = []                  # consecutive blocks, written in one call
         for b in sorted(blocks) + [None]:
-            if run and (b is None or b != run[-1] + 1 or len(run) >= _IOV_MAX):
-                _pwritev_all(fd, [memoryview(blocks[r]) for r in run], run[0] * _ALIGN)
+            if run and (b is None or b != run[-1] + 1):
+                _writev_all(fd, [memoryview(blocks[r]) for r in run], run[0] * _ALIGN)
                 run = []
             if b is not None:
                 run.append(b)
         os.ftruncate(fd, self.size)
-
-
-def _pwritev_all(fd: int, views: list, at: int) -> None:
-    """``views`` back to back from position ``at`` (a write may stop anywhere)."""
-    while views:
-        k = os.pwritev(fd, views, at)
-        at += k
-        while views and k >= len(views[0]):
-            k -= len(views[0])
-            views = views[1:]
-        if k:
-            views[0] = views[0][k:]
 
 
 def _unlink_quietly(path: str) -> None:
