@@ -84,7 +84,11 @@ class LocalSpool:
             with storage_errors("create", where):
                 if os.path.dirname(full) != self._dir:
                     raise ValueError(f"spool in {self._dir} cannot be published as {full}")
-                fd = os.open(self._tmp_checked(), os.O_WRONLY)   # patches: page cache
+                tmp = self._tmp_checked()
+                for pos, data in patches:    # all checked before any is written
+                    if pos < 0 or pos + len(data) > self.size:
+                        raise ValueError(f"patch at {pos} outside the spool's {self.size} bytes")
+                fd = os.open(tmp, os.O_WRONLY)   # patches go through the page cache
                 try:
                     self._write_patches(fd, patches)
                     if st._fsync:
@@ -107,8 +111,6 @@ class LocalSpool:
 
     def _write_patches(self, fd: int, patches: Sequence[Tuple[int, bytes]]) -> None:
         for pos, data in patches:
-            if pos < 0 or pos + len(data) > self.size:
-                raise ValueError(f"patch at {pos} outside the spool's {self.size} bytes")
             os.pwrite(fd, data, pos)
 
     def _publish_without_link(self, full: str, where: str, replace: bool) -> None:
@@ -236,8 +238,6 @@ class LocalDirectSpool(LocalSpool):
         if self._tail:
             blocks[last] = bytearray(self._tail)
         for pos, data in patches:
-            if pos < 0 or pos + len(data) > self.size:
-                raise ValueError(f"patch at {pos} outside the spool's {self.size} bytes")
             data = memoryview(data).cast("B")
             while data:
                 b, off = divmod(pos, _ALIGN)
