@@ -25,7 +25,7 @@ def run(url: str, *, dry_run: bool = False, now_ms=None, spark=None,
         min_partitions_for_spark: int = 64) -> list:
     cluster = Cluster(url, create=False)
     state = cluster.state()
-    now = cluster.now_ms() if now_ms is None else now_ms
+    now = cluster.storage_now_ms() if now_ms is None else now_ms
     snap = state.to_snapshot()
 
     def plan(parts):

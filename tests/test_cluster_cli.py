@@ -674,14 +674,21 @@ def test_log_dirs_describe_sizes(kl, url):
 def test_cleanup_removes_garbage(kl, url):
     produce(kl, url, keyed(5), "--partition", 0)
     ld = Path(url) / "logdir-0"
-    (ld / "gone-0").mkdir()
+    assert kl("--cluster", url, "topics", "--create", "--topic", "gone")[0] == 0
+    meta = (ld / "gone-0" / "partition.metadata").read_bytes()
+    assert kl("--cluster", url, "topics", "--delete", "--topic", "gone")[0] == 0
+    (ld / "gone-0").mkdir()          # what a deleter killed half-way leaves behind
+    (ld / "gone-0" / "partition.metadata").write_bytes(meta)
     (ld / "gone-0" / "00000000000000000000.log").write_bytes(b"")
+    (ld / "nobody-0").mkdir()        # no evidence that it is a deleted topic's: kept
     (ld / "t-0" / "00000000000000000002.index").write_bytes(b"")     # no .log: not a segment
     rc, out, _ = kl("--cluster", url, "--json", "cleanup")
     assert rc == 0
     assert sorted((r["kind"], r["path"]) for r in lines(out)) == [
-        ("dir", "logdir-0/gone-0"), ("segment", "logdir-0/t-0/00000000000000000002")]
-    assert not (ld / "gone-0").exists()
+        ("dir", "logdir-0/gone-0"), ("kept-unknown", "logdir-0/nobody-0"),
+        ("segment", "logdir-0/t-0/00000000000000000002")]
+    assert not (ld / "gone-0").exists() and (ld / "nobody-0").exists()
+    (ld / "nobody-0").rmdir()
     assert kl("--cluster", url, "cleanup") == (0, "Nothing to clean up.\n", "")
     assert len(lines(kl("--cluster", url, "consume", "--topic", "t")[1])) == 5
 

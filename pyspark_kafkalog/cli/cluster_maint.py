@@ -151,7 +151,7 @@ def _predict(admin, entries) -> List[dict]:
     state = before.copy()
     request = {tp_key(*tp): off for tp, off in entries if off >= -1}
     seq = state.seq + 1
-    state.apply(seq, {"timestamp": cluster.now_ms(), "actions": [
+    state.apply(seq, {"version": 1, "timestamp": cluster.now_ms(), "actions": [
         {"op": "set_log_start", "partitions": request, "principal": cluster.principal}]})
     answers = state.results[seq][0].get("partitions", {})
     rows = []
@@ -199,7 +199,7 @@ def run_retention(args) -> int:
     admin = open_admin(args, "retention")
     cluster = admin.cluster
     tps = cluster.partitions(cluster.state())
-    now = cluster.now_ms()
+    now = cluster.storage_now_ms()   # segment times are judged by one clock, not ours
     plans = []
     with Progress(len(tps), "retention") as bar:
         for i in range(0, len(tps), RETENTION_CHUNK):
@@ -238,7 +238,8 @@ def run_log_dirs(args) -> int:
 def run_cleanup(args) -> int:
     admin = open_admin(args, "cleanup")
     removed = admin.cleanup()
-    kinds = {"segments": "segment", "dirs": "dir", "temp": "temp"}
+    # an unknown dir is one cleanup cannot prove is a deleted topic's: it is kept and shown
+    kinds = {"segments": "segment", "dirs": "dir", "temp": "temp", "unknown_dirs": "kept-unknown"}
     rows = [{"kind": kinds.get(k, k), "path": path}
             for k, paths in removed.items() for path in paths]
     emit_rows(args, CLEANUP_COLUMNS, rows)

@@ -21,12 +21,13 @@ from ..log.logdir import LogDir
 from ..log.partition import PartitionLog
 from ..log.segment import ReadStats
 from ..storage import open_storage
-from .metalog import META_DIR, MetadataLog
+from .metalog import META_DIR, MetadataLog, entry_name
 from .state import ClusterState, PartitionState
 
 CLUSTER_FILE = f"{META_DIR}/cluster.json"
 DEFAULT_LOGDIR = "logdir-0"
 DEFAULT_TXN_TIMEOUT_MS = 60_000
+STORAGE_CLOCK_REFRESH_S = 30.0
 
 
 def default_principal() -> str:
@@ -63,6 +64,8 @@ class Cluster:
         self.principal = principal or default_principal()
         self.transaction_timeout_ms = transaction_timeout_ms
         self.clock = clock
+        self._clock_offset: Optional[Tuple[float, float]] = None   # (storage - ours ms, when)
+        self._reserved_ms: Dict[str, float] = {}   # txn -> mtime of its reserve entry (immutable)
         self.metalog = MetadataLog(self.storage, snapshot_interval=snapshot_interval, clock=clock)
         self.meta = self._load_or_create(create)
         self.logdirs: List[str] = list(self.meta["logdirs"])
@@ -245,10 +248,56 @@ class Cluster:
         state = state or self.state()
         return sorted((t, p) for t, info in state.topics.items() for p in range(info["partitions"]))
 
-    def abort_expired(self, state: Optional[ClusterState] = None) -> List[str]:
-        """Abort open transactions past their deadline (their writers are dead or fenced)."""
+    def storage_now_ms(self) -> int:
+        """The storage's clock (docs/protocol.md §3, "Expiry"): what maintenance and expiry
+        compare file and entry times against, so a process whose own clock is wrong judges
+        nobody wrongly. The offset between the storage's clock and ours is measured with a
+        probe file and kept for ``STORAGE_CLOCK_REFRESH_S`` (on the monotonic clock), so a
+        writer pays for a probe rarely, not per reservation."""
+        mono = time.monotonic()
+        if self._clock_offset is None or mono - self._clock_offset[1] > STORAGE_CLOCK_REFRESH_S:
+            before = self.clock()
+            storage_now = self.storage.clock(META_DIR)
+            self._clock_offset = ((storage_now - (before + self.clock()) / 2) * 1000, mono)
+        return int(self.now_ms() + self._clock_offset[0])
+
+    def expired_txns(self, state: Optional[ClusterState] = None) -> List[str]:
+        """Open transactions whose reservation is older than its ``timeout_ms`` by the storage's
+        clock: the age of the reserve entry's file (its server-side mtime) against a probe
+        written now. The writer's own clock, which set the entry's timestamp and so the
+        deadline, plays no part: a writer whose clock runs ahead cannot hold the high watermark
+        back past its timeout, and one whose clock runs behind is not aborted early. Only a
+        reservation whose entry is gone (metadata cleanup) or that an older client wrote (no
+        ``seq``) is judged by its deadline against our clock."""
         state = state or self.state()
-        expired = state.open_txns_past_deadline(self.now_ms())
+        if not state.txns:
+            return []
+        now = None
+        expired = []
+        for txn, info in sorted(state.txns.items()):
+            seq, timeout = info.get("seq"), info.get("timeout_ms")
+            reserved = self._reserved_ms.get(txn)
+            if reserved is None and seq is not None and timeout is not None:
+                try:
+                    reserved = self.storage.mtime(entry_name(seq)) * 1000
+                    if len(self._reserved_ms) > 10_000:
+                        self._reserved_ms.clear()
+                    self._reserved_ms[txn] = reserved
+                except StorageNotFoundError:
+                    reserved = None
+            if reserved is None:
+                if info["deadline"] < self.now_ms():
+                    expired.append(txn)
+                continue
+            if now is None:
+                now = self.storage_now_ms()
+            if now - reserved > timeout:
+                expired.append(txn)
+        return expired
+
+    def abort_expired(self, state: Optional[ClusterState] = None) -> List[str]:
+        """Abort open transactions past their timeout (their writers are dead or fenced)."""
+        expired = self.expired_txns(state)
         if not expired:
             return []
         _, _, results = self.submit([{"op": "abort", "txns": expired, "reason": "expired"}])

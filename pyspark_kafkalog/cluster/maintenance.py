@@ -187,39 +187,50 @@ def apply_retention(cluster, plans: List[RetentionPlan]) -> ClusterState:
 def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str, List[str]]:
     """Remove what dead, aborted or fenced writers left (docs/protocol.md, §7).
 
-    The state is replayed *before* listing files: a segment written after that replay belongs to
-    a reservation at or above the state's ``next_offset`` and is left alone.
+    Garbage is only what the metadata names as such: segments in an aborted range, segments below
+    the log start offset (Kafka's rule), and the directories of a deleted topic. Committed data is
+    never garbage, whatever the high watermark is: a segment committed above a high watermark that
+    an older open reservation holds back is committed, only not visible yet. Nothing is deleted
+    because the state merely lacks it (a snapshot, a listing or a replay can be behind).
+
+    The state is replayed *before* listing segment files (a segment written after that replay
+    belongs to a reservation the state does not know, and is not in an aborted range of it), and
+    again *after* listing partition directories (a topic created meanwhile is live in it).
     """
     cluster.abort_expired()
     state = cluster.state()
-    removed: Dict[str, List[str]] = {"segments": [], "dirs": [], "temp": []}
+    removed: Dict[str, List[str]] = {"segments": [], "dirs": [], "temp": [], "unknown_dirs": []}
+    listed = {logdir: cluster.storage.list_dirs(logdir) for logdir in cluster.logdirs}
+    after = cluster.state()
     live_dirs = {}
-    for topic, info in state.topics.items():
+    for topic, info in after.topics.items():
         for p, replicas in enumerate(info["replicas"]):
             for d in replicas:
                 live_dirs[f"{d}/{topic}-{p}"] = (topic, p)
     for logdir in cluster.logdirs:
         removed["temp"] += cluster.storage.cleanup_temp_files(logdir, temp_file_max_age_s)
-        for name in cluster.storage.list_dirs(logdir):
+        for name in listed[logdir]:
             path = f"{logdir}/{name}"
             if path not in live_dirs:
                 if "-" in name and name.rpartition("-")[2].isdigit():
-                    cluster.storage.delete_tree(path)   # a deleted topic's partition
-                    removed["dirs"].append(path)
+                    if _deleted_topic_dir(cluster, after, path, name.rpartition("-")[0]):
+                        cluster.storage.delete_tree(path)
+                        removed["dirs"].append(path)
+                    else:
+                        removed["unknown_dirs"].append(path)
                 continue
             topic, p = live_dirs[path]
             ps = state.partition(topic, p)
+            if ps is None or state.topics[topic]["topic_id"] != after.topics[topic]["topic_id"]:
+                continue   # created (or recreated) after our first replay: the next run
             removed["temp"] += cluster.storage.cleanup_temp_files(path, temp_file_max_age_s)
             bases = {}
             for info in cluster.storage.list(path):
                 m = _SEGMENT_FILE.match(info.name)
                 if m:
                     bases.setdefault(int(m.group(1)), set()).add(m.group(2))
-            open_ranges = list(ps.open.values())
             for base, kinds in sorted(bases.items()):
-                if base >= ps.next_offset or any(r[0] <= base < r[1] for r in open_ranges):
-                    continue          # an in-flight write, or newer than our replay
-                if ps.segment_visible(base) and "log" in kinds:
+                if not is_garbage_segment(ps, base, "log" in kinds):
                     continue
                 for suffix in SEGMENT_SUFFIXES:
                     cluster.storage.delete(f"{path}/{base:020d}{suffix}")
@@ -229,3 +240,31 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
     sync_checkpoints(cluster, state, cluster.partitions(state))
     return removed
 
+
+def is_garbage_segment(ps, base: int, has_log: bool) -> bool:
+    """The protocol's garbage rule for the files of one segment base in a live partition (§7).
+    A ``.log`` goes only in an aborted range (segments below the log start offset that still
+    have one are for ``delete_below_log_start``, which applies Kafka's rule to them). Indexes
+    without their ``.log`` are never read; they go unless a write the state knows of, or does
+    not know of yet, may still be writing them (``.log`` is written last)."""
+    if has_log:
+        return ps.is_aborted(base) and not ps.is_committed(base)
+    return base < ps.next_offset and not ps.in_open_range(base)
+
+
+def _deleted_topic_dir(cluster, state: ClusterState, path: str, topic: str) -> bool:
+    """A partition directory is a deleted topic's only on positive evidence: its
+    ``partition.metadata`` names a topic id that the metadata log deleted (or that is no longer
+    the id of a live topic of that name), or, without that file, its topic's name was deleted."""
+    from ..format.checkpoint import parse_partition_metadata
+    try:
+        topic_id = parse_partition_metadata(
+            cluster.storage.read(f"{path}/partition.metadata").decode("utf-8", "replace"))
+    except (StorageNotFoundError, KafkaLogError, ValueError):
+        topic_id = None
+    if topic_id is not None:
+        if topic_id in state.deleted_topics:
+            return True
+        live = state.topics.get(topic)
+        return live is not None and live["topic_id"] != topic_id
+    return topic in state.deleted_topics.values()

@@ -7,6 +7,7 @@ that has read the same entries holds the same state. See docs/protocol.md, §2.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -67,19 +68,43 @@ class MetadataLog:
         return sorted(entries), sorted(snapshots)
 
     def _read_json(self, path: str) -> dict:
-        data = self.storage.read(path)
-        try:
-            return json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptRecordError(f"{path} is not valid JSON: {exc}") from None
+        return parse_json(path, self.storage.read(path))
 
-    def _load_base(self, snapshots: List[int]) -> ClusterState:
+    def _load_base(self, snapshots: List[int], entries: Optional[List[int]] = None
+                   ) -> ClusterState:
+        """The newest snapshot that proves itself, else the empty state before entry 0.
+
+        A snapshot is derived data and is never trusted on its own word (docs/protocol.md §2):
+        one of version 2 must match its checksum and the entry it claims to follow; an old one
+        (version 1, no checksum) is used only when the entries before it are gone, so that
+        replaying them is not possible; anything else is skipped."""
+        entries = self._listing()[0] if entries is None else entries
+        replayable_from_zero = not entries or entries[0] == 0
         for seq in reversed(snapshots):
             try:
-                return ClusterState.from_snapshot(self._read_json(snapshot_name(seq)))
-            except (CorruptRecordError, StorageNotFoundError, KeyError, TypeError, ValueError):
-                continue   # snapshots are derived: fall back to an older one
+                data = self.storage.read(snapshot_name(seq))
+                snap = parse_json(snapshot_name(seq), data)
+                if entries and seq > entries[-1]:
+                    continue   # claims a state after the newest entry: cannot be ours
+                if snapshot_verified(snap, seq, self._entry_bytes(seq)):
+                    return ClusterState.from_snapshot(snap)
+                if isinstance(snap, dict) and snap.get("version") == 1 \
+                        and not replayable_from_zero and snap.get("seq") == seq:
+                    return ClusterState.from_snapshot(snap)
+            except (CorruptRecordError, StorageNotFoundError):
+                continue   # fall back to an older one
+        if not replayable_from_zero:
+            raise CorruptRecordError(
+                f"metadata log: entries before {entries[0]:020d}.json were cleaned up and no "
+                "snapshot at or after them can be verified; run `kafkalog --cluster URL metadata "
+                "--verify`")
         return ClusterState()
+
+    def _entry_bytes(self, seq: int) -> Optional[bytes]:
+        try:
+            return self.storage.read(entry_name(seq))
+        except StorageNotFoundError:
+            return None
 
     def state(self, refresh: bool = True, *, replay_only: bool = False) -> ClusterState:
         """The state after the newest entry (replaying only what we have not seen yet).
@@ -93,10 +118,15 @@ class MetadataLog:
         if state is None or (snapshots and snapshots[-1] > state.seq and not replay_only):
             newest_snapshot = snapshots[-1] if snapshots else -1
             if state is None or newest_snapshot > state.seq:
-                state = self._load_base(snapshots)
+                state = self._load_base(snapshots, entries)
         if state.seq < (entries[0] - 1 if entries else -1):
             # entries we still need were cleaned up: only a snapshot can tell us the past
-            state = self._load_base(snapshots)
+            state = self._load_base(snapshots, entries)
+            if state.seq < entries[0] - 1:
+                raise CorruptRecordError(
+                    f"metadata log: entries {state.seq + 1:020d}.json to "
+                    f"{entries[0] - 1:020d}.json are missing and no snapshot covers them; run "
+                    "`kafkalog --cluster URL metadata --verify`")
         state = state.copy() if state is self._state else state
         for seq in entries:
             if seq > state.seq:
@@ -121,6 +151,9 @@ class MetadataLog:
             entry = self._read_json(entry_name(seq))
         except StorageNotFoundError:
             raise KafkaStorageError(f"metadata entry {seq} was listed but cannot be read") from None
+        except CorruptRecordError as exc:
+            raise CorruptRecordError(f"{exc}; replay stops here (see `kafkalog --cluster URL "
+                                     "metadata --verify`)") from None
         state.apply(seq, entry)
 
     # -- appending ----------------------------------------------------------------------------
@@ -156,7 +189,10 @@ class MetadataLog:
     def _maybe_snapshot(self, state: ClusterState) -> None:
         if self.snapshot_interval <= 0 or state.seq % self.snapshot_interval:
             return
-        data = json.dumps(state.to_snapshot(), separators=(",", ":"), sort_keys=True).encode()
+        entry = self._entry_bytes(state.seq)
+        if entry is None:
+            return
+        data = seal_snapshot(state.to_snapshot(), entry)
         try:
             self.storage.create_if_absent(snapshot_name(state.seq), data)
         except AlreadyExistsError:
@@ -168,7 +204,7 @@ class MetadataLog:
         if len(snapshots) < 2:
             return []
         keep_from = snapshots[-2]
-        now = self.clock()
+        now = self.storage.clock(LOG_DIR)   # compared with the files' mtimes: their clock
         removed = []
         for seq in entries:
             if seq <= keep_from and self._old_enough(entry_name(seq), now, min_age_ms):
@@ -185,3 +221,37 @@ class MetadataLog:
             return (now - self.storage.mtime(path)) * 1000 >= min_age_ms
         except Exception:
             return False
+
+
+def parse_json(path: str, data: bytes):
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptRecordError(f"{path} is not valid JSON: {exc}") from None
+
+
+def _digest(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+                          ).hexdigest()
+
+
+def seal_snapshot(snapshot: dict, entry_bytes: bytes) -> bytes:
+    """A snapshot that can prove itself: the hash of the entry it follows, and a checksum of
+    everything in it."""
+    body = dict(snapshot, entry_sha256=hashlib.sha256(entry_bytes).hexdigest())
+    body["checksum"] = _digest(body)
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def snapshot_verified(snap, seq: int, entry_bytes: Optional[bytes]) -> bool:
+    """Version 2, its checksum matches, its seq is its file's, and the entry it follows (when
+    that is still on storage) is the one it was made from."""
+    if not isinstance(snap, dict) or snap.get("version") != 2 or snap.get("seq") != seq:
+        return False
+    body = {k: v for k, v in snap.items() if k != "checksum"}
+    if snap.get("checksum") != _digest(body):
+        return False
+    if entry_bytes is not None and \
+            snap.get("entry_sha256") != hashlib.sha256(entry_bytes).hexdigest():
+        return False
+    return True

@@ -10,12 +10,16 @@ from __future__ import annotations
 import bisect
 from typing import Dict, List, Optional, Tuple
 
-from ..errors import (InvalidConfigError, InvalidTopicError, KafkaLogError)
-from ..format.checkpoint import validate_topic_name
+from ..errors import (CorruptRecordError, InvalidConfigError, InvalidTopicError, KafkaLogError,
+                      UnsupportedVersionError)
+from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
+from .action_fields import check_action, check_entry, check_snapshot
 
 MAX_DECIDED_TXNS = 100_000
+MAX_DELETED_TOPICS = 100_000
 MAX_KEPT_RESULTS = 256
+SNAPSHOT_VERSION = 2
 
 OK = "NONE"
 
@@ -37,17 +41,21 @@ class PartitionState:
     """Offsets of one partition. Ranges are ``[start, end, leader_epoch]``, end exclusive."""
 
     __slots__ = ("next_offset", "log_start_offset", "leader_epoch", "last_producer", "open",
-                 "committed")
+                 "committed", "aborted")
 
     def __init__(self, next_offset: int = 0, log_start_offset: int = 0, leader_epoch: int = -1,
                  last_producer: Optional[str] = None, open_: Optional[dict] = None,
-                 committed: Optional[list] = None):
+                 committed: Optional[list] = None, aborted: Optional[list] = None):
         self.next_offset = next_offset
         self.log_start_offset = log_start_offset
         self.leader_epoch = leader_epoch
         self.last_producer = last_producer
         self.open: Dict[str, list] = open_ or {}          # txn -> [start, end, epoch]
         self.committed: List[list] = committed or []      # sorted, merged
+        # [start, end) of aborted reservations at or above the log start offset, sorted and
+        # merged: cleanup deletes a segment only on this positive evidence (or the log start
+        # offset), never because a range is merely absent from ``committed``
+        self.aborted: List[list] = [] if aborted is None else aborted
 
     @property
     def high_watermark(self) -> int:
@@ -90,6 +98,31 @@ class PartitionState:
         i = bisect.bisect_right([r[0] for r in self.committed], base_offset) - 1
         return i >= 0 and base_offset < self.committed[i][1]
 
+    def is_committed(self, offset: int) -> bool:
+        """Committed data, whether or not an older open reservation still holds the high
+        watermark below it: committed is not the same as visible (docs/protocol.md §7)."""
+        i = bisect.bisect_right([r[0] for r in self.committed], offset) - 1
+        return i >= 0 and offset < self.committed[i][1]
+
+    def in_open_range(self, offset: int) -> bool:
+        return any(r[0] <= offset < r[1] for r in self.open.values())
+
+    def is_aborted(self, offset: int) -> bool:
+        i = bisect.bisect_right([r[0] for r in self.aborted], offset) - 1
+        return i >= 0 and offset < self.aborted[i][1]
+
+    def add_aborted(self, start: int, end: int) -> None:
+        if end <= self.log_start_offset:
+            return
+        ranges = sorted(self.aborted + [[max(start, self.log_start_offset), end]])
+        merged: List[list] = []
+        for r in ranges:
+            if merged and merged[-1][1] >= r[0]:
+                merged[-1][1] = max(merged[-1][1], r[1])
+            else:
+                merged.append(list(r))
+        self.aborted = merged
+
     def segment_visible_uncommitted(self, base_offset: int) -> bool:
         """read_uncommitted also shows the data of open (undecided) writes."""
         return (self.segment_visible(base_offset)
@@ -118,13 +151,14 @@ class PartitionState:
     def to_json(self) -> dict:
         return {"next_offset": self.next_offset, "log_start_offset": self.log_start_offset,
                 "leader_epoch": self.leader_epoch, "last_producer": self.last_producer,
-                "open": self.open, "committed": self.committed}
+                "open": self.open, "committed": self.committed, "aborted": self.aborted}
 
     @classmethod
     def from_json(cls, d: dict) -> "PartitionState":
         return cls(d["next_offset"], d["log_start_offset"], d["leader_epoch"],
-                   d.get("last_producer"), dict(d.get("open") or {}),
-                   [list(r) for r in d.get("committed") or []])
+                   d.get("last_producer"), {k: list(r) for k, r in (d.get("open") or {}).items()},
+                   [list(r) for r in d.get("committed") or []],
+                   [list(r) for r in d.get("aborted") or []])
 
 
 def _plain(obj):
@@ -146,6 +180,7 @@ class ClusterState:
         self.txns: Dict[str, dict] = {}            # open txns only
         self.decided: Dict[str, str] = {}          # txn -> "committed" | "aborted" (bounded)
         self.acls: List[dict] = []
+        self.deleted_topics: Dict[str, str] = {}   # topic id -> name (bounded)
         self.results: Dict[int, List[dict]] = {}   # seq -> per-action results (not persisted)
 
     # -- persistence --------------------------------------------------------------------------
@@ -158,25 +193,32 @@ class ClusterState:
         c.seq, c.timestamp = self.seq, self.timestamp
         c.topics, c.txns, c.decided = _plain(self.topics), _plain(self.txns), dict(self.decided)
         c.acls, c.results = _plain(self.acls), _plain(self.results)
+        c.deleted_topics = dict(self.deleted_topics)
         c.partitions = {k: PartitionState(p.next_offset, p.log_start_offset, p.leader_epoch,
-                                          p.last_producer, _plain(p.open), _plain(p.committed))
+                                          p.last_producer, _plain(p.open), _plain(p.committed),
+                                          _plain(p.aborted))
                         for k, p in self.partitions.items()}
         return c
 
     def to_snapshot(self) -> dict:
-        return {"version": 1, "seq": self.seq, "timestamp": self.timestamp, "topics": self.topics,
+        return {"version": SNAPSHOT_VERSION, "seq": self.seq, "timestamp": self.timestamp,
+                "topics": self.topics,
                 "partitions": {k: p.to_json() for k, p in self.partitions.items()},
-                "txns": self.txns, "decided": self.decided, "acls": self.acls}
+                "txns": self.txns, "decided": self.decided, "acls": self.acls,
+                "deleted_topics": self.deleted_topics}
 
     @classmethod
-    def from_snapshot(cls, d: dict) -> "ClusterState":
-        if d.get("version") != 1:
-            raise ValueError(f"unknown snapshot version {d.get('version')!r}")
+    def from_snapshot(cls, d) -> "ClusterState":
+        """The state a snapshot holds, after checking its whole shape: a snapshot is derived
+        data, so one that does not hold together raises CorruptRecordError and the caller falls
+        back to an older one (or to entry 0) instead of acting on it."""
+        check_snapshot(d)
         s = cls()
         s.seq, s.timestamp = d["seq"], d["timestamp"]
-        s.topics = d["topics"]
+        s.topics = _plain(d["topics"])
         s.partitions = {k: PartitionState.from_json(v) for k, v in d["partitions"].items()}
-        s.txns, s.decided, s.acls = d["txns"], d["decided"], d["acls"]
+        s.txns, s.decided, s.acls = _plain(d["txns"]), dict(d["decided"]), _plain(d["acls"])
+        s.deleted_topics = dict(d.get("deleted_topics") or {})
         return s
 
     # -- queries ------------------------------------------------------------------------------
@@ -189,6 +231,12 @@ class ClusterState:
 
     def open_txns_past_deadline(self, now_ms: int) -> List[str]:
         return sorted(t for t, info in self.txns.items() if info["deadline"] < now_ms)
+
+    def topic_of_id(self, topic_id: str) -> Optional[str]:
+        for name, info in self.topics.items():
+            if info["topic_id"] == topic_id:
+                return name
+        return None
 
     def authorized(self, principal: Optional[str], topic: str, operation: str) -> bool:
         """DENY wins; with no ACL naming this topic (or ``*``) everything is allowed."""
@@ -203,21 +251,34 @@ class ClusterState:
 
     # -- replay -------------------------------------------------------------------------------
 
-    def apply(self, seq: int, entry: dict) -> None:
+    def apply(self, seq: int, entry) -> None:
+        """Replay one entry. An entry that is not an entry at all (not an object, no integer
+        timestamp, no list of actions) stops the replay with CorruptRecordError naming it; an
+        entry of an unknown version with UnsupportedVersionError: guessing would let this
+        process compute another state than its peers. An action whose fields do not have their
+        types is rejected whole before anything changes (INVALID_REQUEST), so no action is ever
+        half applied."""
         if seq != self.seq + 1:
             raise ValueError(f"entry {seq} applied to state at {self.seq}")
-        ts = int(entry.get("timestamp", self.timestamp))
+        problem = check_entry(entry)
+        if problem is not None:
+            error = UnsupportedVersionError if problem.startswith("version") else CorruptRecordError
+            raise error(f"metadata entry {seq:020d}.json: {problem}; replay stops here (see "
+                        "`kafkalog --cluster URL metadata --verify`)")
+        ts = entry["timestamp"]
         results = []
-        for action in entry.get("actions") or []:
+        for action in entry["actions"]:
             op = action.get("op") if isinstance(action, dict) else None
             handler = getattr(self, f"_do_{op}", None) if isinstance(op, str) else None
             if handler is None:
                 results.append(_err("INVALID_REQUEST", f"unknown action {op!r}"))
                 continue
+            bad = check_action(op, action)
+            if bad is not None:
+                results.append(_err("INVALID_REQUEST", f"malformed {op} action: {bad}"))
+                continue
             try:
                 results.append(handler(action, ts))
-            except (KeyError, TypeError, ValueError) as exc:
-                results.append(_err("INVALID_REQUEST", f"malformed {op} action: {exc}"))
             except KafkaLogError as exc:
                 results.append(_err(exc.error_name, str(exc)))
         self.seq, self.timestamp = seq, max(self.timestamp, ts)
@@ -234,6 +295,11 @@ class ClusterState:
             return _err("INVALID_TOPIC_EXCEPTION", str(exc))
         if topic in self.topics:
             return _err("TOPIC_ALREADY_EXISTS", f"topic {topic!r} already exists")
+        collides = colliding_topics(topic, self.topics)
+        if collides:
+            return _err("INVALID_TOPIC_EXCEPTION", f"topic {topic!r} collides with existing "
+                        f"topic {', '.join(map(repr, collides))}: '.' and '_' give the same "
+                        "metric names (Kafka's Topic.hasCollision)")
         n = int(a["partitions"])
         if n < 1:
             return _err("INVALID_PARTITIONS", "a topic needs at least one partition")
@@ -255,6 +321,10 @@ class ClusterState:
         if topic not in self.topics:
             return _err("UNKNOWN_TOPIC_OR_PARTITION", f"topic {topic!r} does not exist")
         info = self.topics.pop(topic)
+        self.deleted_topics[info["topic_id"]] = topic
+        if len(self.deleted_topics) > MAX_DELETED_TOPICS:
+            for old in list(self.deleted_topics)[:len(self.deleted_topics) - MAX_DELETED_TOPICS]:
+                del self.deleted_topics[old]
         for p in range(info["partitions"]):
             self.partitions.pop(tp_key(topic, p), None)
         for txn in list(self.txns):
@@ -324,8 +394,11 @@ class ClusterState:
             p.next_offset = r[1]
             p.open[txn] = r
             ranges[key] = r
+        # seq and timeout_ms let others judge expiry by the storage's clock (the entry's
+        # server-side time), not by the writer's own, which may be wrong either way
         self.txns[txn] = {"deadline": ts + int(a["timeout_ms"]), "producer": producer,
-                          "ranges": ranges}
+                          "ranges": ranges, "seq": self.seq + 1,
+                          "timeout_ms": int(a["timeout_ms"])}
         return {"error": OK, "ranges": ranges}
 
     def _do_commit(self, a: dict, ts: int) -> dict:
@@ -361,10 +434,11 @@ class ClusterState:
             if info is None:
                 skipped[txn] = self.decided.get(txn, "unknown")
                 continue
-            for key in info["ranges"]:
+            for key, (start, end, _epoch) in info["ranges"].items():
                 p = self.partitions.get(key)
                 if p is not None:
                     p.open.pop(txn, None)
+                    p.add_aborted(start, end)
             self._decide(txn, "aborted")
             aborted.append(txn)
         return {"error": OK, "aborted": aborted, "skipped": skipped}
@@ -399,6 +473,7 @@ class ClusterState:
             if offset > p.log_start_offset:
                 p.log_start_offset = offset
                 p.committed = [r for r in p.committed if r[1] > offset]
+                p.aborted = [[max(r[0], offset), r[1]] for r in p.aborted if r[1] > offset]
             out[key] = {"error": OK, "low_watermark": p.log_start_offset}
         return {"error": OK, "partitions": out}
 

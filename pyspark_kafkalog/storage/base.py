@@ -13,7 +13,6 @@ import abc
 import contextlib
 import re
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, NamedTuple
 
@@ -276,6 +275,24 @@ class Storage(abc.ABC):
 
     # -- maintenance ----------------------------------------------------------------------------
 
+    def clock(self, dir_path: str = "") -> float:
+        """The storage's own time now, seconds since the epoch: the mtime of a probe file that
+        is created in ``dir_path`` and deleted again.
+
+        Why: times that many processes compare (a reservation's age, a temp file's age) must
+        come from one clock. Every file's mtime is the backend's (the kernel's, an object
+        store's server), while each process's clock may be off either way; comparing a file's
+        mtime with this, not with ``time.time()``, keeps a skewed process from judging others.
+        """
+        split_path(dir_path, allow_root=True)
+        probe = temp_name_for("clock")
+        path = f"{dir_path.rstrip('/')}/{probe}" if dir_path else probe
+        self.create_if_absent(path, b"")
+        try:
+            return self.mtime(path)
+        finally:
+            self.delete(path, missing_ok=True)
+
     @abc.abstractmethod
     def _list_temp_files(self, dir_path: str) -> list[tuple[str, float]]:
         """(name, mtime) of the temp files directly under ``dir_path``."""
@@ -290,9 +307,12 @@ class Storage(abc.ABC):
         if older_than_s < 0:
             raise InvalidConfigError(f"older_than_s must be >= 0, got {older_than_s!r}")
         split_path(dir_path, allow_root=True)
-        cutoff = time.time() - older_than_s
+        listed = self._list_temp_files(dir_path)
+        if not listed:
+            return []
+        cutoff = self.clock(dir_path) - older_than_s   # the files' clock, not ours
         removed = []
-        for name, mtime in self._list_temp_files(dir_path):
+        for name, mtime in listed:
             if mtime <= cutoff:
                 self.delete(f"{dir_path.rstrip('/')}/{name}" if dir_path else name, missing_ok=True)
                 removed.append(name)
