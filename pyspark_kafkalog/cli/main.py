@@ -9,13 +9,15 @@ commands also accept them after the subcommand.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
 from .. import __version__
 from ..errors import KafkaLogError
-from . import (cluster_data, cluster_groups, cluster_maint, cluster_topics, dump, produce,
-               recover)
+from . import (cluster_data, cluster_groups, cluster_maint, cluster_metadata, cluster_topics,
+               dump, produce, recover)
+from . import cluster_repair
 from .cluster_common import common_parent
 
 EXIT_USER_ERROR = 2
@@ -23,7 +25,7 @@ EXIT_USER_ERROR = 2
 EPILOG = """\
 Log-dir commands: dump, recover, produce --log-dir DIR.
 Cluster commands (need --cluster URL): topics, produce, consume, offsets, delete-records,
-retention, groups, log-dirs, cleanup.
+retention, groups, log-dirs, cleanup, repair, metadata.
 
 Output of the cluster commands: an aligned table for people; with --json one JSON object per
 line (one per table row; topics --describe: one per topic). consume always prints JSON lines.
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_data.add_offsets_parser(sub, common)
     cluster_maint.add_parsers(sub, common)
     cluster_groups.add_parser(sub, common)
+    cluster_repair.add_parser(sub, common)
+    cluster_metadata.add_parser(sub, common)
     return parser
 
 
@@ -79,7 +83,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"kafkalog: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except BrokenPipeError:  # `kafkalog dump … | head`
+        _discard_stdout()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: quiet, with the shell's status for SIGINT
+        _discard_stdout()
+        return 130
+
+
+def _discard_stdout() -> None:
+    """Output still buffered cannot be delivered any more (or must not block the exit): point
+    stdout at /dev/null so the interpreter's final flush neither fails nor waits for a reader."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real stdout (tests, embedding)
+        pass
 
 
 if __name__ == "__main__":

@@ -1,0 +1,54 @@
+"""``kafkalog --cluster URL metadata --verify | --repair [--dry-run]``: check the metadata log,
+and the operator's explicit way past a bad entry (docs/protocol.md §2.1)."""
+from __future__ import annotations
+
+from .cluster_common import OUTPUT_HELP, columns, emit_rows, open_admin, say
+
+PROBLEM_COLUMNS = columns("kind", "path", "message")
+REPAIR_COLUMNS = columns("action", "path", "reason", "quarantined")
+EXIT_PROBLEMS = 1
+
+
+def add_parser(sub, parents) -> None:
+    p = sub.add_parser(
+        "metadata", parents=parents, help="verify or repair the metadata log",
+        description="--verify reads every metadata entry and snapshot and reports malformed or "
+                    "missing entries, snapshots that do not prove themselves, and snapshots "
+                    "that differ from a replay of the entries; it changes nothing. --repair "
+                    "quarantines each malformed entry under _kafkalog/quarantine/ and replaces "
+                    "it with an empty entry, fills gaps with empty entries and deletes bad "
+                    "snapshots: the actions of a replaced entry are lost (see "
+                    "docs/protocol.md §2.1).",
+        epilog=OUTPUT_HELP + " --verify columns: kind (malformed-entry, missing-entry, "
+               "bad-snapshot, snapshot-mismatch), path, message; exit status 1 if any problem "
+               "was found. --repair columns: action (replaced, created, deleted-snapshot), path, "
+               "reason, quarantined.")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--verify", action="store_true", help="report problems, change nothing")
+    g.add_argument("--repair", action="store_true", help="replace bad entries (see above)")
+    p.add_argument("--dry-run", action="store_true", help="with --repair: show, change nothing")
+    p.set_defaults(run=run_metadata)
+
+
+def run_metadata(args) -> int:
+    from ..cluster.metadata_check import repair, verify
+    from ..errors import InvalidConfigError
+    if args.dry_run and not args.repair:
+        raise InvalidConfigError("--dry-run goes with --repair")
+    admin = open_admin(args, "metadata")
+    metalog = admin.cluster.metalog
+    if args.verify:
+        report = verify(metalog)
+        emit_rows(args, PROBLEM_COLUMNS, [{"kind": p.kind, "path": p.path, "message": p.message}
+                                          for p in report.problems])
+        if report.ok:
+            say(args, f"The metadata log is sound: {report.entries} entries "
+                      f"({report.first_entry}..{report.last_entry}), {report.snapshots} "
+                      "snapshots.")
+        return 0 if report.ok else EXIT_PROBLEMS
+    done = repair(metalog, dry_run=args.dry_run)
+    emit_rows(args, REPAIR_COLUMNS, [{"action": r.action, "path": r.path, "reason": r.reason,
+                                      "quarantined": r.quarantined} for r in done])
+    if not done:
+        say(args, "Nothing to repair.")
+    return 0
