@@ -325,3 +325,102 @@ def test_retention_planned_before_a_topic_was_recreated_touches_nothing(admin):
     apply_retention(admin.cluster, plans)
     assert [r.offset for r in admin.consume("t")] == [0, 1, 2]
     assert admin.describe_topic("t").partitions[0].log_start_offset == 0
+
+
+# -- topic names that collide: Kafka's Topic.hasCollision -----------------------------------------
+
+def _cli(*argv):
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "pyspark_kafkalog.cli.main", *map(str, argv)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("first,second", [("t.1", "t_1"), ("t_1", "t.1"), ("a.b_c", "a_b.c")])
+def test_a_topic_whose_name_collides_with_another_is_refused(admin, first, second):
+    admin.create_topic(first)
+    with pytest.raises(InvalidTopicError, match=rf"topic '{second}' collides with existing "
+                                                rf"topic '{first}'") as info:
+        admin.create_topic(second, 2)
+    assert info.value.error_code == 17
+    assert admin.list_topics() == [first]
+    admin.create_topic(first.replace(".", "-").replace("_", "-"))   # '-' is not one of them
+    admin.delete_topic(first)                  # the name is free again once the other is gone
+    admin.create_topic(second)
+    assert second in admin.list_topics() and first not in admin.list_topics()
+
+
+@pytest.mark.parametrize("first,second", [("t.1", "t_1"), ("t_1", "t.1")])
+def test_cli_refuses_a_colliding_topic_name(tmp_path, first, second):
+    url = tmp_path / "c"
+    assert _cli("--cluster", url, "topics", "--create", "--topic", first)[0] == 0
+    rc, out, err = _cli("--cluster", url, "topics", "--create", "--topic", second)
+    assert rc == 2 and out == "" and "Traceback" not in err, (out, err)
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"kafkalog: error: InvalidTopicError: topic '{second}' collides with "
+                          f"existing topic '{first}'"), err
+    assert _cli("--cluster", url, "topics", "--list") == (0, f"{first}\n", "")
+
+
+def _written_before_the_rule(monkeypatch, url, topics):
+    """A cluster whose metadata log was written without the collision rule, replayed afresh
+    (no snapshot): (the state it was written with, the state a reader replays now)."""
+    from pathlib import Path
+    from pyspark_kafkalog.cluster import state as state_module
+    with monkeypatch.context() as m:
+        m.setattr(state_module, "colliding_topics", lambda topic, existing: [])
+        a = Admin(url)
+        for i, t in enumerate(topics):
+            a.create_topic(t)
+            a.produce(t, _recs(2, 2 * i))
+        old = a.cluster.state()
+    for snap in (Path(url) / "_kafkalog" / "log").glob("*.snapshot.json"):
+        snap.unlink()
+    return old, MetadataLog(Cluster(url).storage).state()
+
+
+def test_an_existing_cluster_replays_the_same_under_the_rule(tmp_path, monkeypatch):
+    url = str(tmp_path / "c")
+    old, new = _written_before_the_rule(monkeypatch, url, ["a.b", "a-b", "ab", "a_c", "b.b"])
+    assert json.dumps(new.to_snapshot(), sort_keys=True) == \
+        json.dumps(old.to_snapshot(), sort_keys=True)
+    assert [r.value for r in Admin(url).consume("a.b")] == [b"v0", b"v1"]
+
+
+def test_a_log_that_already_holds_a_collision_still_replays(tmp_path, monkeypatch):
+    """Written before the rule, `x_y` after `x.y`: the replay does not stop; the first keeps its
+    data, the later create is now refused like any colliding one (one rule for every entry)."""
+    url = str(tmp_path / "c")
+    old, new = _written_before_the_rule(monkeypatch, url, ["x.y", "x_y", "z"])
+    assert sorted(old.topics) == ["x.y", "x_y", "z"]
+    assert sorted(new.topics) == ["x.y", "z"]
+    admin = Admin(url)
+    assert [r.value for r in admin.consume("x.y")] == [b"v0", b"v1"]
+    assert [r.value for r in admin.consume("z")] == [b"v4", b"v5"]
+
+
+# -- data the metadata promises but no segment holds ----------------------------------------------
+
+def test_missing_data_is_reported_as_what_happened_not_as_a_moved_log_start(admin, tmp_path):
+    admin.create_topic("t", 1)
+    for i in range(3):              # three writes, three segments: 0-2, 3-5, 6-8
+        admin.produce("t", _recs(3, 3 * i), partition=0)
+    d = tmp_path / "c" / "logdir-0" / "t-0"
+    (d / "00000000000000000003.log").unlink()     # by hand: the log start offset stays 0
+    assert admin.describe_topic("t").partitions[0].log_start_offset == 0
+    with pytest.raises(OffsetOutOfRangeError) as info:
+        list(admin.consume("t"))
+    assert str(info.value) == (
+        "t-0: the metadata says offset 3 holds committed data, but it is in a gap between "
+        "segment files (00000000000000000000.log ends at offset 2, the next one starts at offset "
+        "6): it was deleted after the metadata was read, or lost")
+    (d / "00000000000000000000.log").unlink()
+    with pytest.raises(OffsetOutOfRangeError) as info:
+        list(admin.consume("t"))
+    assert str(info.value) == (
+        "t-0: the metadata says offset 0 holds committed data, but no segment file holds it (the "
+        "first committed one starts at offset 6): it was deleted after the metadata was read, or "
+        "lost")
+    assert "log start offset" not in str(info.value)

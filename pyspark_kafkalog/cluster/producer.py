@@ -14,7 +14,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from ..errors import InvalidRecordError, UnknownTopicOrPartitionError
 from ..errors import error_for
 from ..format import codecs
-from ..format.encode import EncodedBatch, assign_log_append_time, assign_offsets, encode_records
+from ..format.encode import (EncodedBatch, assign_log_append_time, assign_offsets,
+                             check_batch_size, encode_records)
 from ..format.partitioner import RoundRobin, partition_for_key
 from ..format.records import LOG_APPEND_TIME, Record
 from ..log.segment_spool import SegmentSpool
@@ -45,6 +46,31 @@ class PendingWrite:
         return cls(d["txn"], d["ranges"], d.get("segments", {}))
 
 
+def _fitting(records: List[Record], magic: int, codec: int,
+             max_message_bytes: int) -> List[EncodedBatch]:
+    batch = encode_records(records, magic=magic, compression=codec)
+    if len(batch.data) <= max_message_bytes or len(records) == 1:
+        return [batch]
+    mid = len(records) // 2
+    return (_fitting(records[:mid], magic, codec, max_message_bytes)
+            + _fitting(records[mid:], magic, codec, max_message_bytes))
+
+
+def check_sizes(state, batches: Mapping[TopicPartition, Sequence[EncodedBatch]]) -> None:
+    """Every batch within its topic's ``max.message.bytes``, checked before anything is reserved
+    or written (``format.encode.check_batch_size``; a topic that does not exist is left to the
+    reservation to refuse)."""
+    limits: Dict[str, int] = {}
+    for (topic, p), bs in batches.items():
+        limit = limits.get(topic)
+        if limit is None:
+            if topic not in state.topics:
+                continue
+            limit = limits[topic] = state.topic_config(topic).max_message_bytes
+        for b in bs:
+            check_batch_size(b, limit, f"{topic}-{p}")
+
+
 def span(batches: Sequence[EncodedBatch]) -> int:
     """Offsets a run of batches occupies once they follow each other."""
     return sum(b.last_offset - b.base_offset + 1 for b in batches)
@@ -57,7 +83,11 @@ class Producer:
 
     def encode(self, topic: str, records: Sequence[Record], *, compression=None,
                batch_records: int = 1000, state=None) -> List[EncodedBatch]:
-        """Encode records with the topic's message format and codec (``compression.type``)."""
+        """Encode records with the topic's message format and codec (``compression.type``).
+
+        A batch that comes out bigger than ``max.message.bytes`` is split in halves, as Kafka's
+        producer splits a batch the broker refused, so that only a single record too big for a
+        batch of its own fails (in :meth:`write`)."""
         config = self.cluster.topic_config(topic, state)
         magic = config.magic
         codec = compression
@@ -73,7 +103,7 @@ class Producer:
             elif any(r.headers for r in chunk) and magic < 2:
                 raise InvalidRecordError(f"topic {topic!r} uses message format {magic}, "
                                          "which has no record headers")
-            out.append(encode_records(chunk, magic=magic, compression=codec))
+            out += _fitting(chunk, magic, codec, config.max_message_bytes)
         return out
 
     def write(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]],
@@ -85,10 +115,16 @@ class Producer:
         match (another partition dir or segment size by now), and are discarded either way."""
         spools = dict(spools or {})
         batches = {tp: list(b) for tp, b in batches.items() if b}
-        if not batches:
-            raise InvalidRecordError("nothing to write")
         cluster = self.cluster
-        state = cluster.state()
+        try:
+            if not batches:
+                raise InvalidRecordError("nothing to write")
+            state = cluster.state()
+            check_sizes(state, batches)
+        except BaseException:
+            for spool in spools.values():
+                spool.discard()
+            raise
         cluster.abort_expired(state)   # dead writers must not hold the high watermark for long
         txn = uuid.uuid4().hex
         counts = {tp_key(*tp): span(b) for tp, b in batches.items()}

@@ -29,12 +29,11 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from ..errors import RecordTooLargeError
 from . import codecs
 from .arrow_encode import (_accel, EncodeInput, Piece, _v2_batch, _v2_header, chunk_bounds,
                            encode_pieces, estimated_sizes, slice_pieces)
 from .batch import V2_HEADER_SIZE
-from .encode import EncodedBatch
+from .encode import EncodedBatch, check_batch_size
 from .records import MAGIC_V2
 
 #: The C accumulator, or None (no compiler, or ``KAFKALOG_PURE_PYTHON=1``); tests swap it.
@@ -54,12 +53,6 @@ def records_limit(compression: int, max_message_bytes: int) -> int:
         else:
             hi = mid - 1
     return lo
-
-
-def _too_large(topic: str, size: int, max_message_bytes: int) -> RecordTooLargeError:
-    return RecordTooLargeError(
-        f"a record of topic {topic!r} encodes to {size} bytes, more than its "
-        f"max.message.bytes ({max_message_bytes})")
 
 
 class BatchAccumulator:
@@ -107,9 +100,8 @@ class BatchAccumulator:
                 batch = _v2_batch(payload, count, base_ts, max_ts, self.compression)
             else:
                 batch = _v2_header(view, count, base_ts, max_ts, self.compression)
-            if len(batch.data) > self.max_message_bytes:
-                # records_limit bounds every batch of more than one record
-                raise _too_large(self.topic, len(batch.data), self.max_message_bytes)
+            # records_limit bounds every batch of more than one record: only one record can fail
+            check_batch_size(batch, self.max_message_bytes, f"{self.topic}-{p}")
             out.append((p, batch))
         return out
 
@@ -198,20 +190,22 @@ class PieceAccumulator:
                                   tail - cut, int(sizes[cut:].sum()))
         if len(bounds) >= 2:
             out.extend((p, b) for b in self._encode_range(
-                slice_pieces(buf.pieces, 0, bounds[-1]), bounds))
+                slice_pieces(buf.pieces, 0, bounds[-1]), bounds, p))
 
-    def _encode_range(self, pieces: List[Piece], bounds: List[int]) -> List[EncodedBatch]:
+    def _encode_range(self, pieces: List[Piece], bounds: List[int],
+                      p: int) -> List[EncodedBatch]:
         batches = encode_pieces(pieces, bounds, magic=self.magic, compression=self.compression,
                                 level=self.level)
         result = []
         for (a, b), batch in zip(zip(bounds[:-1], bounds[1:]), batches):
-            if len(batch.data) <= self.max_message_bytes:
+            if len(batch.data) <= self.max_message_bytes or b - a == 1:
+                # a record too big for a batch of its own is refused here
+                check_batch_size(batch, self.max_message_bytes, f"{self.topic}-{p}")
                 result.append(batch)
-            elif b - a == 1:
-                raise _too_large(self.topic, len(batch.data), self.max_message_bytes)
             else:   # split the batch in two, as a producer would with a smaller batch.size
                 mid = (a + b) // 2
-                result += self._encode_range(slice_pieces(pieces, a, b), [0, mid - a, b - a])
+                result += self._encode_range(slice_pieces(pieces, a, b), [0, mid - a, b - a],
+                                             p)
         return result
 
 

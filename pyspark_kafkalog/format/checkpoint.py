@@ -131,6 +131,14 @@ def validate_topic_name(topic: str) -> str:
     return topic
 
 
+def colliding_topics(topic: str, existing) -> list[str]:
+    """The names among ``existing`` that Kafka's ``Topic.hasCollision`` says ``topic`` collides
+    with: its metric names replace '.' by '_' (``Topic.unifyCollisionChars``), so ``a.b`` and
+    ``a_b`` would report as one topic, and Kafka refuses to create the second."""
+    unified = topic.replace(".", "_")
+    return sorted(t for t in existing if t != topic and t.replace(".", "_") == unified)
+
+
 def parse_offset_checkpoint(text: str) -> dict[tuple[str, int], int]:
     """Parse ``replication-``/``log-start-``/``recovery-point-``/``cleaner-offset-checkpoint``.
 

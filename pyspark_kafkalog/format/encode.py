@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple, Sequence
 
-from ..errors import InvalidRecordError
+from ..errors import InvalidRecordError, RecordTooLargeError
 from . import codecs
 from .batch import LOG_OVERHEAD, V2_CRC_START, V2_HEADER, V2_HEADER_SIZE, iter_headers
 from .crc import crc32, crc32c
@@ -250,3 +250,23 @@ def assign_log_append_time(batch: EncodedBatch, now_ms: int) -> EncodedBatch:
             struct.pack_into(">I", data, p + 12, crc32(memoryview(data)[p + 16:h.end]))
     return batch._replace(data=bytes(data), max_timestamp=now_ms)
 
+
+def check_batch_size(batch: EncodedBatch, max_message_bytes: int, where: str) -> None:
+    """Kafka's broker check on append (``UnifiedLog.analyzeAndValidateRecords``): each entry as
+    stored, that is after compression, must fit the topic's ``max.message.bytes``, else
+    ``RecordTooLargeError`` (error code 10) and nothing of the append is written. The one place
+    of this rule: the raw log, the cluster producer and the Spark sink's accumulators call it.
+
+    An entry is a batch for magic 2 or a compressed wrapper, but one message for uncompressed
+    magic 0/1, so a message set is checked message by message (only when the whole set is too
+    big: the usual case costs one ``len``). ``where``: the partition, as ``topic-partition``."""
+    size = len(batch.data)
+    if size <= max_message_bytes:
+        return
+    if batch.magic < MAGIC_V2 and not batch.compression:
+        size = max(h.size for h in iter_headers(batch.data))
+        if size <= max_message_bytes:
+            return
+    raise RecordTooLargeError(
+        f"the record batch size in the append to {where} is {size} bytes, which exceeds the "
+        f"topic's max.message.bytes ({max_message_bytes})")

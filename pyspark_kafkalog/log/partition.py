@@ -17,7 +17,8 @@ from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidTopicError,
 from ..format import checkpoint as ckpt
 from ..format.batch import iter_headers
 from ..format.columnar import Columns, decode_columns
-from ..format.encode import EncodedBatch, assign_log_append_time, assign_offsets
+from ..format.encode import (EncodedBatch, assign_log_append_time, assign_offsets,
+                             check_batch_size)
 from ..format.records import LOG_APPEND_TIME
 from .config import LogConfig
 from .segment import (INDEX_SUFFIX, TIMEINDEX_SUFFIX, LogSegment, ReadStats,
@@ -176,15 +177,34 @@ class PartitionLog:
 
     def _check_nothing_skipped(self, offset: int, found: int) -> None:
         """Reading ``offset`` found data only from ``found`` on: if the metadata promises data in
-        between, its segment was deleted (retention, delete-records) after the reader's metadata
-        snapshot and after nothing more than a listing: report it, never return less."""
+        between, report it, never return less."""
         if self.next_visible is None or found <= offset:
             return
         expected = self.next_visible(offset)
         if expected is not None and expected < found:
             raise OffsetOutOfRangeError(
-                f"{self.topic}-{self.partition}: offset {expected} was deleted while being read "
-                f"(its segment is gone; the log start offset has moved past it)")
+                f"{self.topic}-{self.partition}: the metadata says offset {expected} holds "
+                f"committed data, but {self._why_missing(expected)}")
+
+    def _why_missing(self, expected: int) -> str:
+        """What the listed segments show about the missing ``expected``. This layer cannot tell
+        whether the log start offset moved past it since the metadata was read (only the
+        metadata can), so it says what is on storage and names no log start offset."""
+        i = self.segment_for(expected)
+        gone = "it was deleted after the metadata was read, or lost"
+        if i is None:
+            where = (f"the first committed one starts at offset {self.segments[0].base_offset}"
+                     if self.segments else "the partition has none")
+            return f"no segment file holds it ({where}): {gone}"
+        seg = self.segments[i]
+        name = seg.log_path.rsplit("/", 1)[-1]
+        end = seg.next_offset()
+        if end > expected:
+            return f"segment file {name} has no entry for it"
+        nxt = (f"the next one starts at offset {self.segments[i + 1].base_offset}"
+               if i + 1 < len(self.segments) else "no later one is there")
+        return (f"it is in a gap between segment files ({name} ends at offset {end - 1}, "
+                f"{nxt}): {gone}")
 
     def read_columns(self, start: int, end: Optional[int] = None, *, max_bytes: int = 1 << 20,
                      high_watermark: Optional[int] = None, skip_control: bool = True,
@@ -282,11 +302,10 @@ class PartitionLog:
                 seg.append(b"".join(pending), pending_headers)
             pending, pending_headers, pending_size = [], [], 0
 
+        for batch in batches:   # all checked before any is written, as a broker does
+            check_batch_size(batch, cfg.max_message_bytes, f"{self.topic}-{self.partition}")
         for batch in batches:
             size = len(batch.data)
-            if size > cfg.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"batch of {size} bytes exceeds max.message.bytes={cfg.max_message_bytes}")
             if size > cfg.segment_bytes:
                 raise RecordTooLargeError(
                     f"batch of {size} bytes exceeds segment.bytes={cfg.segment_bytes}")
