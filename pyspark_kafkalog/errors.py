@@ -110,6 +110,14 @@ class InvalidRequestError(KafkaLogError, ValueError):
     error_name = "INVALID_REQUEST"
 
 
+class ClusterDirectoryError(InvalidRequestError):
+    """A raw log-dir command that writes was pointed at a directory of a kafkalog cluster.
+
+    A cluster's segment files are never modified in place (docs/protocol.md §1: readers map
+    them), and only the metadata log assigns its offsets; the cluster's own commands do the job.
+    """
+
+
 class TopicAuthorizationFailedError(KafkaLogError, PermissionError):
     error_code = 29
     error_name = "TOPIC_AUTHORIZATION_FAILED"

@@ -74,6 +74,61 @@ def cluster_exists(url: str, options: Optional[dict] = None) -> bool:
     return open_storage(url, **storage_options).exists(CLUSTER_FILE)
 
 
+def storage_options(args) -> dict:
+    """The ``storage.*`` settings of ``--cluster-config FILE`` (S3 endpoint and keys, ...), for
+    the log-dir commands, which open storage without a cluster."""
+    return {k: v for k, v in cluster_options(args).items() if k not in _CLIENT_OPTIONS}
+
+
+def add_storage_config(p) -> None:
+    """``--cluster-config FILE`` after the subcommand too; only its ``storage.*`` settings (S3
+    endpoint and keys, ...) apply to the log-dir commands."""
+    import argparse
+    p.add_argument("--cluster-config", metavar="FILE", default=argparse.SUPPRESS,
+                   help="storage.* settings (S3 endpoint, keys: conf/cluster.properties) for "
+                        "opening the files")
+
+
+def _parent(url: str) -> Optional[str]:
+    if "://" not in url:
+        return os.path.dirname(url.rstrip("/")) or None
+    scheme, rest = url.split("://", 1)
+    rest = rest.strip("/")
+    if "/" not in rest:
+        return None                     # a bucket (or a file:// root) has no parent
+    return f"{scheme}://{rest.rsplit('/', 1)[0]}"
+
+
+def cluster_root_of(url: str, options: Optional[dict] = None) -> Optional[str]:
+    """The root of the kafkalog cluster that the directory ``url`` is part of: the root itself,
+    one of its log dirs (``<root>/logdir-N``) or a partition dir in one (``<root>/logdir-N/
+    <topic>-<p>``); else None. Local paths are resolved first (symlinks, ``..``), so no other
+    spelling of a cluster's directory gets past. Nothing is created."""
+    local = _local_path(url)
+    current: Optional[str] = os.path.realpath(local) if local is not None else url.rstrip("/")
+    for _ in range(3):
+        if current is None:
+            break
+        if cluster_exists(current, options):
+            return current
+        current = _parent(current)
+    return None
+
+
+def refuse_cluster_dir(url: str, args, command: str, instead: str) -> None:
+    """Stop a log-dir command that writes before it changes anything, if ``url`` belongs to a
+    kafkalog cluster: a cluster's segments are never modified in place (docs/protocol.md §1,
+    readers map them) and only its metadata log assigns offsets. ``instead`` is the cluster
+    command to use, with ``{root}`` for the cluster's URL."""
+    root = cluster_root_of(url, storage_options(args))
+    if root is not None:
+        from ..errors import ClusterDirectoryError
+        raise ClusterDirectoryError(
+            f"{url} belongs to the kafkalog cluster {root}, whose segment files are never "
+            f"modified in place (readers map them) and whose offsets only its metadata log "
+            f"assigns: {command} would corrupt it. Use: {instead.format(root=root)}")
+
+
 def open_admin(args, command: str, *, create: bool = False):
     """The :class:`~pyspark_kafkalog.admin.Admin` of ``--cluster``; only ``create`` may make a
     new cluster, so a mistyped URL is an error rather than an empty cluster."""

@@ -21,6 +21,7 @@ from ..format.records import CONTROL_ABORT, CONTROL_COMMIT, timestamp_type_name
 from ..log.logdir import split_url
 from ..log.segment import INDEX_SUFFIX, LogSegment
 from ..storage import open_storage
+from .cluster_common import add_storage_config, storage_options
 
 RECORD_INDENT = "|"
 
@@ -38,6 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--index-sanity-check", action="store_true",
                    help="check index sanity (and, for .log files, every batch) without printing")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_storage_config(p)
     p.set_defaults(run=run)
 
 
@@ -66,7 +68,9 @@ def run(args) -> int:
     for f in files:
         f = f.strip()
         parent, name = split_url(f)
-        storage = open_storage(parent) if "://" in parent else _existing_local(parent, f)
+        options = storage_options(args)
+        storage = (open_storage(parent, **options) if "://" in parent
+                   else _existing_local(parent, f, options))
         if not storage.exists(name):
             raise StorageNotFoundError(f"no such file: {f}")
         base_text, _, suffix = name.partition(".")
@@ -83,11 +87,11 @@ def run(args) -> int:
     return 1 if out.problems else 0
 
 
-def _existing_local(parent: str, original: str):
+def _existing_local(parent: str, original: str, options: dict):
     import os
     if not os.path.isdir(parent):
         raise StorageNotFoundError(f"no such file: {original}")
-    return open_storage(parent)
+    return open_storage(parent, **options)
 
 
 def _b64(b):

@@ -24,6 +24,7 @@ from ..format.records import CREATE_TIME, LOG_APPEND_TIME, Record, parse_timesta
 from ..log.config import LogConfig
 from ..log.logdir import LogDir
 from ..storage import open_storage
+from .cluster_common import refuse_cluster_dir, storage_options
 
 DEFAULT_LEADER_EPOCH = 0
 MAX_BATCH_BYTES = 1 << 20
@@ -211,6 +212,9 @@ def run(args) -> int:
     logdir_name = args.log_dir
     from ..format.checkpoint import validate_topic_name
     validate_topic_name(args.topic)
+    partition = f" --partition {args.partition}"
+    refuse_cluster_dir(logdir_name, args, "produce --log-dir",
+                       f"kafkalog --cluster {{root}} produce --topic {args.topic}{partition}")
     now_ms = int(time.time() * 1000)
     records = parse_records(sys.stdin, magic=magic, now_ms=now_ms)
     if not records:
@@ -218,7 +222,7 @@ def run(args) -> int:
     encoded = [encode_records(b, magic=magic, compression=codec, timestamp_type=CREATE_TIME)
                for b in _batches(records, args.batch_records)]
 
-    storage = open_storage(logdir_name)
+    storage = open_storage(logdir_name, **storage_options(args))
     logdir = LogDir(storage)
     logdir.ensure_meta()
     log = logdir.open_partition(args.topic, args.partition, config, create=True)

@@ -10,6 +10,7 @@ from ..log.logdir import (LOG_START_CHECKPOINT, RECOVERY_POINT_CHECKPOINT,
                           REPLICATION_CHECKPOINT, LogDir, split_url)
 from ..log.partition import PartitionLog, parse_partition_dir
 from ..storage import open_storage
+from .cluster_common import add_storage_config, refuse_cluster_dir, storage_options
 
 
 def add_parser(sub) -> None:
@@ -20,13 +21,19 @@ def add_parser(sub) -> None:
                                    "a JSON report.")
     p.add_argument("partition_dir", metavar="PARTITION_DIR", help="path or URL of <topic>-<partition>")
     p.add_argument("--dry-run", action="store_true", help="report only, change nothing")
+    add_storage_config(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     parent, name = split_url(args.partition_dir)
     topic, partition = parse_partition_dir(name)
-    storage = open_storage(parent)
+    if not args.dry_run:   # Kafka's recovery truncates in place: never on a cluster's segments
+        refuse_cluster_dir(args.partition_dir, args, "recover",
+                           f"kafkalog --cluster {{root}} repair --topic {topic} "
+                           f"--partition {partition} (with --dry-run first; recover --dry-run "
+                           "and dump only read and stay allowed)")
+    storage = open_storage(parent, **storage_options(args))
     if name not in storage.list_dirs(""):
         raise UnknownTopicOrPartitionError(f"no partition directory {args.partition_dir!r}")
     log = PartitionLog(storage, name)

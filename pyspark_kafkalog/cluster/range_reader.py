@@ -243,6 +243,18 @@ def _decode(data, task, include_headers: bool, schema, consts: _Constants, start
                            task.aborted, start, end, consts)
 
 
+def _damaged(handle, seg, exc: CorruptRecordError, position: Optional[int]):
+    """A corrupt read as an error naming the segment file and the command that fixes it: the
+    cluster's repair, or for a Kafka log dir (a copy; never a live broker's) Kafka's recovery."""
+    from .repair import damaged_segment_error, repair_command
+    from .sources import CLUSTER
+    if handle.kind == CLUSTER:
+        fix = repair_command(handle.url, handle.topic, handle.partition)
+    else:
+        fix = f"kafkalog recover {handle.url.rstrip('/')}/{handle.dir}"
+    return damaged_segment_error(exc, seg, position, fix)
+
+
 def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
                stats: Optional[ReadStats] = None, max_bytes: int = DEFAULT_MAX_BYTES
                ) -> Iterator:
@@ -290,17 +302,22 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
                            "deleted") from None
             i, position = i + 1, None
             continue
+        except CorruptRecordError as exc:
+            raise _damaged(handle, seg, exc, 0 if position is None else position) from None
         if chunk is None:
             i, position = i + 1, None
             continue
         data, start_position, last_offset = chunk
         if last_offset < offset:
-            raise CorruptRecordError(f"{seg.log_path}: offsets stop increasing at {last_offset} "
-                                     f"(reading from {offset}); run `kafkalog recover`")
+            raise _damaged(handle, seg, CorruptRecordError(
+                f"offsets stop increasing at {last_offset} (reading from {offset})"), None)
         position = start_position + len(data)
         # whole batches, trimmed to [offset, end) afterwards as Arrow slices: the decoder's
         # own min/max trimming walks rows in Python
-        batch = _decode(data, task, include_headers, schema, consts, offset, end)
+        try:
+            batch = _decode(data, task, include_headers, schema, consts, offset, end)
+        except CorruptRecordError as exc:
+            raise _damaged(handle, seg, exc, start_position) from None
         offset = last_offset + 1
         if batch is not None:
             yield batch

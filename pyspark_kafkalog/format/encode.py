@@ -123,6 +123,25 @@ def encode_control_batch(control_type: int, *, producer_id: int, producer_epoch:
                            control=True)
 
 
+def encode_empty_batch_v2(base_offset: int, last_offset: int, *, timestamp: int = NO_TIMESTAMP,
+                          timestamp_type: int = CREATE_TIME,
+                          partition_leader_epoch: int = -1) -> EncodedBatch:
+    """A batch header with no records that spans ``[base_offset, last_offset]``: Kafka's
+    ``DefaultRecordBatch.writeEmptyHeader``, as its log cleaner leaves where every record of a
+    batch was removed. Consumers skip it and move on past ``last_offset``, so it marks offsets
+    that hold no data without a gap that a reader would take for deleted data (the cluster's
+    repair uses it, docs/protocol.md §7)."""
+    if not 0 <= last_offset - base_offset <= 0x7FFFFFFF:
+        raise InvalidRecordError(f"an empty batch cannot span offsets {base_offset}..{last_offset}")
+    attrs = TIMESTAMP_TYPE_BIT if timestamp_type == LOG_APPEND_TIME else 0
+    buf = bytearray(V2_HEADER_SIZE)
+    V2_HEADER.pack_into(buf, 0, base_offset, V2_HEADER_SIZE - LOG_OVERHEAD, partition_leader_epoch,
+                        MAGIC_V2, 0, attrs, last_offset - base_offset, NO_TIMESTAMP, timestamp,
+                        -1, -1, -1, 0)
+    struct.pack_into(">I", buf, 17, crc32c(memoryview(buf)[V2_CRC_START:]))
+    return EncodedBatch(bytes(buf), MAGIC_V2, base_offset, last_offset, timestamp, 0, 0)
+
+
 def _legacy_message(offset: int, magic: int, attrs: int, timestamp: int, key, value) -> bytes:
     klen = -1 if key is None else len(key)
     vlen = -1 if value is None else len(value)

@@ -173,11 +173,12 @@ class LogSegment:
 
         Indexes are derived data with no checksum, so every entry a read relies on is checked
         against the batch it points at; one bad entry makes the whole file suspect. Reads stay
-        correct (only slower) and ``kafkalog recover`` rebuilds the files.
+        correct (only slower) and ``kafkalog recover`` (in a cluster: ``repair``) rebuilds the
+        files.
         """
         if not self._indexes_distrusted:
-            _log.warning("%s: ignoring its indexes (%s); run `kafkalog recover` to rebuild them",
-                         self.log_path, why)
+            _log.warning("%s: ignoring its indexes (%s); `kafkalog recover` rebuilds them (in a "
+                         "kafkalog cluster: `kafkalog --cluster URL repair`)", self.log_path, why)
         self._indexes_distrusted = True
         self._builder = None
 
