@@ -6,13 +6,10 @@ import json
 import os
 import shutil
 import stat
-from pathlib import Path
 
 import pytest
 
-GOLDEN = Path(__file__).resolve().parents[1].parent / "shared" / "kafka-golden"
-if not GOLDEN.is_dir():  # CI clones the repo beside shared/; allow an override for other layouts
-    GOLDEN = Path(os.environ.get("KAFKALOG_GOLDEN", GOLDEN))
+from shared_paths import GOLDEN, GOLDEN_CASE_COUNT, IN_CI, SHARED, missing  # noqa: F401
 
 CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) if GOLDEN.is_dir() else []
 DAMAGED = [c for c in CASES if (GOLDEN / c / "expected-recovery.json").exists()]
@@ -55,6 +52,26 @@ def pytest_report_header(config):
     return f"kafka-golden: {GOLDEN} ({len(CASES)} cases)"
 
 
+def pytest_configure(config):
+    """In CI a missing or partial golden corpus stops the run: its tests would only skip."""
+    if IN_CI and len(CASES) < GOLDEN_CASE_COUNT:
+        raise pytest.UsageError(
+            f"CI: the golden corpus at {GOLDEN} has {len(CASES)} of {GOLDEN_CASE_COUNT} cases; "
+            "place shared/ beside the repository or set KAFKALOG_GOLDEN")
+
+
+def pytest_collection_modifyitems(config, items):
+    """In CI a parametrised test with no parameters (a corpus list that came out empty) is an
+    error, not the skip pytest makes it."""
+    if not IN_CI:
+        return
+    empty = [item.nodeid for item in items
+             if any(str(m.kwargs.get("reason", "")).startswith("got empty parameter set")
+                    for m in item.iter_markers("skip"))]
+    if empty:
+        raise pytest.UsageError("CI: these tests have an empty parameter list: " + ", ".join(empty))
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole run (JVM start-up is the expensive part)."""
@@ -73,13 +90,13 @@ def spark():
 
 @pytest.fixture(scope="session")
 def kafka_check():
-    """Apache Kafka's own classes reading a log dir (tests/kafka_java_support.py); skips, naming
-    what is missing, where they cannot be built."""
+    """Apache Kafka's own classes reading a log dir (tests/kafka_java_support.py); where they
+    cannot be built, skips naming what is missing, or fails in CI."""
     import kafka_java_support as kj
     try:
         return kj.KafkaCheck(*kj.build())
     except kj.Unavailable as e:
-        pytest.skip(f"Kafka's Java classes are unavailable: {e}")
+        missing(f"Kafka's Java classes are unavailable: {e}")
 
 
 @pytest.fixture(scope="module")

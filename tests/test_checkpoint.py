@@ -1,7 +1,6 @@
 """Checkpoint/metadata text codecs against Kafka-written golden files and JDK-recorded vectors."""
 import datetime as dt
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -13,12 +12,11 @@ from pyspark_kafkalog.errors import (CorruptRecordError, InvalidPartitionsError,
                                      InvalidRequestError, InvalidTopicError,
                                      UnsupportedVersionError)
 from pyspark_kafkalog.format import checkpoint as cp  # noqa: E402
+from shared_paths import GOLDEN, GOLDEN_CASE_COUNT, needs_golden  # noqa: E402
 
-GOLDEN = Path(os.environ.get("KAFKA_GOLDEN", "/work/shared/kafka-golden"))
 PARTITION_DIRS = sorted(p for p in GOLDEN.glob("*-0") if p.is_dir())
 ROOT_CHECKPOINTS = ["replication-offset-checkpoint", "log-start-offset-checkpoint",
                     "recovery-point-offset-checkpoint"]
-needs_golden = pytest.mark.skipif(not PARTITION_DIRS, reason="golden log dir not present")
 
 
 def _read(path: Path) -> str:
@@ -128,7 +126,7 @@ JAVA_STORE_VECTORS = [
 
 @needs_golden
 def test_golden_inventory():
-    assert len(PARTITION_DIRS) == 29
+    assert len(PARTITION_DIRS) == GOLDEN_CASE_COUNT
 
 
 @needs_golden

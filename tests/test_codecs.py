@@ -7,7 +7,6 @@ import json
 import random
 import struct
 import types
-from pathlib import Path
 
 import cramjam
 import lz4.frame
@@ -18,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kafka.codec as kc
+from shared_paths import GOLDEN, needs_golden
 from pyspark_kafkalog.errors import CorruptRecordError, InvalidConfigError, UnsupportedCodecError
 from pyspark_kafkalog.format import codecs
 from pyspark_kafkalog.format.codecs import (CODEC_NAMES, GZIP, LZ4, NONE, SNAPPY, ZSTD, check_codec,
                                             codec_id, compress, decompress, xxh32)
 
-GOLDEN = Path("/work/shared/kafka-golden")
 ALL = [(c, m) for c in CODEC_NAMES for m in (0, 1, 2) if not (c == ZSTD and m < 2)]
 COMPRESSED = [(c, m) for c, m in ALL if c != NONE]
 
@@ -474,7 +473,7 @@ def _cases():
     return sorted(p for p in GOLDEN.iterdir() if p.is_dir()) if GOLDEN.is_dir() else []
 
 
-@pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden corpus not available")
+@needs_golden
 @pytest.mark.parametrize("case", _cases(), ids=lambda p: p.name)
 def test_golden_corpus(case):
     damage = {}
@@ -496,7 +495,7 @@ def test_golden_corpus(case):
         assert stats.get(codec_id(named[1]), 0) > 0, "no compressed payload found"
 
 
-@pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden corpus not available")
+@needs_golden
 def test_golden_magic0_lz4_uses_the_broken_checksum():
     data = (GOLDEN / "m0-lz4-notime-0" / "00000000000000000000.log").read_bytes()
     assert data[16] == 0 and data[17] & 7 == LZ4
@@ -509,7 +508,7 @@ def test_golden_magic0_lz4_uses_the_broken_checksum():
         decompress(LZ4, value, 1)
 
 
-@pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden corpus not available")
+@needs_golden
 @pytest.mark.parametrize("case,header", [("corrupt-v1-gzip-0", 8), ("torn-v2-lz4-0", None)])
 def test_golden_damaged_payloads_are_corrupt(case, header):
     """The flipped byte lands in a gzip member (its CRC32 catches it); the torn lz4 frame is cut."""

@@ -1,5 +1,4 @@
 """Index file codecs against Kafka-written golden indexes and Kafka's lookup/sanity rules."""
-import os
 import struct
 import sys
 from pathlib import Path
@@ -12,11 +11,10 @@ from hypothesis import given, settings, strategies as st
 from pyspark_kafkalog.errors import (CorruptIndexError, InvalidRecordError,  # noqa: E402
                                      LogSegmentOffsetOverflowError, UnsupportedVersionError)
 from pyspark_kafkalog.format import index as ix  # noqa: E402
+from shared_paths import GOLDEN, GOLDEN_CASE_COUNT, needs_golden  # noqa: E402
 
-GOLDEN = Path(os.environ.get("KAFKA_GOLDEN", "/work/shared/kafka-golden"))
 OFFSET_FILES = sorted(GOLDEN.glob("*/*.index"))
 TIME_FILES = sorted(GOLDEN.glob("*/*.timeindex"))
-needs_golden = pytest.mark.skipif(not OFFSET_FILES, reason="golden log dir not present")
 
 INT32_MAX = 2**31 - 1
 
@@ -30,7 +28,7 @@ def _base(path: Path) -> int:
 @needs_golden
 def test_golden_inventory():
     # 29 partition dirs x 3 segments; some magic-0 .timeindex files are legitimately empty.
-    assert len(OFFSET_FILES) == len(TIME_FILES) == 87
+    assert len(OFFSET_FILES) == len(TIME_FILES) == 3 * GOLDEN_CASE_COUNT
     assert sum(p.stat().st_size > 0 for p in OFFSET_FILES) > 80
     assert sum(p.stat().st_size > 0 for p in TIME_FILES) > 50
 
