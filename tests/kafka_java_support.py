@@ -9,13 +9,16 @@ snappy-java, zstd-jni), which are the libraries Kafka itself uses.
 
 Where the Kafka sources come from, in order:
 
-1. ``$KAFKALOG_KAFKA_SOURCE``: a Kafka checkout, or a git repository of it (bare or not);
-2. ``kafka/`` beside the project root (like ``shared/``);
-3. ``/work/.mirror/apache+kafka/repo``, where this project's development machines keep a mirror.
+1. ``$KAFKALOG_KAFKA_SOURCE``: a Kafka checkout, a git repository of it (bare or not), or a
+   ``.tar.gz`` of its tree;
+2. ``kafka-src/kafka-src.tar.gz`` in the shared dir beside the repository (``shared_paths``): the
+   subset of Kafka's tree the check needs, at a pinned commit, with Kafka's LICENSE and NOTICE.
 
-The build (about 10 s) is cached under ``$KAFKALOG_KAFKA_JAVA_CACHE`` or
-``~/.cache/pyspark-kafkalog/kafka-java``, keyed by the Kafka commit and this harness's sources.
-With no Kafka sources or no ``javac``, the tests that need it are skipped and say which.
+An archive is unpacked into the build's scratch dir only when a build is needed. The build is
+cached under ``$KAFKALOG_KAFKA_JAVA_CACHE`` or ``~/.cache/pyspark-kafkalog/kafka-java``, keyed by
+the archive's sha256 (or the checkout's commit) and this harness's sources, so later runs only
+start ``java``. With no Kafka sources or no ``javac``, the tests that need it are skipped and say
+which, or fail in CI (``shared_paths.missing``).
 
 One change is made to Kafka's sources, to its message *generator* (a build tool, not the classes
 under test): the command-line ``main`` and its argparse4j and jackson-jdk8 imports are removed,
@@ -31,13 +34,15 @@ import os
 import re
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from pathlib import Path
 
+from shared_paths import KAFKA_SRC_ARCHIVE
+
 HERE = Path(__file__).resolve().parent
 JAVA_DIR = HERE / "kafka_java"
-PROJECT = HERE.parent
 # the parts of Kafka's tree the check needs: record classes, generated messages, indexes and
 # checkpoints
 KAFKA_PATHS = ("clients/src/main/java", "clients/src/main/resources/common/message",
@@ -51,21 +56,36 @@ class Unavailable(Exception):
 
 
 def kafka_source() -> tuple[Path, str]:
-    """(the Kafka source tree or git dir, a key that changes when its contents do)."""
-    candidates = []
+    """(the Kafka source tree, git dir or archive, a key that changes when its contents do)."""
     if os.environ.get("KAFKALOG_KAFKA_SOURCE"):
-        candidates.append(Path(os.environ["KAFKALOG_KAFKA_SOURCE"]))
-    candidates += [PROJECT.parent / "kafka", Path("/work/.mirror/apache+kafka/repo")]
-    for c in candidates:
-        if (c / "clients" / "src" / "main" / "java").is_dir():
-            head = _git(c, "rev-parse", "HEAD", check=False)
-            return c, head or f"tree:{c.resolve()}:{(c / 'clients').stat().st_mtime_ns}"
-        if c.is_dir():
-            head = _git(c, "rev-parse", "HEAD", check=False)
-            if head:
-                return c, head
-    raise Unavailable("no Kafka source tree: set KAFKALOG_KAFKA_SOURCE to a checkout of "
-                      f"apache/kafka (looked in {', '.join(map(str, candidates))})")
+        c = Path(os.environ["KAFKALOG_KAFKA_SOURCE"])
+        found = _source_at(c)
+        if found is None:   # an explicit choice that does not work is not quietly replaced
+            raise Unavailable(f"KAFKALOG_KAFKA_SOURCE={c} is not a Kafka checkout, git "
+                              "repository or .tar.gz of Kafka's tree")
+        return found
+    found = _source_at(KAFKA_SRC_ARCHIVE)
+    if found is None:
+        raise Unavailable(f"no Kafka sources: {KAFKA_SRC_ARCHIVE} is missing (see "
+                          "shared_paths.py), and KAFKALOG_KAFKA_SOURCE is not set")
+    return found
+
+
+def _source_at(c: Path) -> tuple[Path, str] | None:
+    if c.is_file() and c.name.endswith((".tar.gz", ".tgz")):
+        h = hashlib.sha256()
+        with open(c, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return c, f"sha256:{h.hexdigest()}"
+    if (c / "clients" / "src" / "main" / "java").is_dir():
+        head = _git(c, "rev-parse", "HEAD", check=False)
+        return c, head or f"tree:{c.resolve()}:{(c / 'clients').stat().st_mtime_ns}"
+    if c.is_dir():
+        head = _git(c, "rev-parse", "HEAD", check=False)
+        if head:
+            return c, head
+    return None
 
 
 def _git(repo: Path, *args, check=True) -> str:
@@ -135,7 +155,14 @@ def _prune(cache: Path, keep: Path, max_age_s: float = 7 * 86400) -> None:
 def _build_into(work: Path, src: Path, jars: list[Path]) -> None:
     tree = work / "kafka"
     tree.mkdir()
-    if (src / "clients" / "src" / "main" / "java").is_dir():
+    if src.is_file():
+        with tarfile.open(src) as tf:
+            wanted = [m for m in tf.getmembers()
+                      if any(m.name == p or m.name.startswith(p + "/") for p in KAFKA_PATHS)]
+            if not wanted:
+                raise Unavailable(f"{src} holds none of {', '.join(KAFKA_PATHS)}")
+            tf.extractall(tree, members=wanted, filter="data")
+    elif (src / "clients" / "src" / "main" / "java").is_dir():
         for p in KAFKA_PATHS:
             shutil.copytree(src / p, tree / p)
     else:
