@@ -4,9 +4,8 @@ Why not Arrow's pool. A Spark task encodes its rows into batch buffers (``accumu
 live until its segments are written, about as many bytes as the task writes, and then frees
 them all. The allocator gives freed pages back to the OS within milliseconds (mimalloc's purge
 delay), so the next task faults every page in again. On a VM that is a trip to the hypervisor
-per 4 KiB page: measured in the Spark write benchmark, the C accumulator spent about 70 ms per
-500k-row task, and about 35 ms with the pool's purging disabled or with this arena
-(docs/spark-write.md). An :class:`Arena` hands out slices of large private mappings, advised as
+per 4 KiB page, which doubled the accumulator's time in the Spark write benchmark
+(docs/performance.md). An :class:`Arena` hands out slices of large private mappings, advised as
 transparent huge pages (one fault per 2 MiB where the OS has them), and a task gives it back
 whole when its segments are written; the next task in the same worker reuses the pages.
 

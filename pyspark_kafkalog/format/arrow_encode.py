@@ -428,7 +428,7 @@ def encode_chunks(key: pa.Array, value: pa.Array, timestamps: np.ndarray,
 # -- Kafka's default partitioner over a column --------------------------------------------------
 
 _M = np.uint32(0x5BD1E995)
-#: The C murmur2 kernels of ``_encode_accel`` (same bits, ~10x faster), or None for the numpy
+#: The C murmur2 kernels of ``_encode_accel`` (same bits, much faster), or None for the numpy
 #: code below, their fallback and reference; tests swap them to compare the two. ``getattr``:
 #: an extension built before they existed still serves ``_encode_records``.
 _murmur2_hashes = getattr(_accel, "murmur2_hashes", None)

@@ -9,7 +9,7 @@ the DataFrame *before* the write so that all rows of a Kafka partition meet in o
   kept, Kafka's murmur2 of the key, sticky runs for unkeyed rows). With PySpark >= 4.1 this is an
   Arrow UDF over the key column only (the murmur2 of ``format.arrow_encode``, in C when built;
   no pandas, which ``mapInArrow`` would need); PySpark 4.0 has no Arrow UDF, and there Kafka's
-  murmur2 is evaluated by Spark SQL itself (``kafka_partition``: higher-order functions, about 4x slower).
+  murmur2 is evaluated by Spark SQL itself (``kafka_partition``: higher-order functions, slower).
   Both are bit-identical to the Java producer (tested against kafka-python).
 * Rows are hash-partitioned on a *slot key* chosen so that Spark's own hash (Murmur3, seed 42,
   ``pmod`` by the task count) sends Kafka partition ``p`` to Spark partition ``p`` exactly (or

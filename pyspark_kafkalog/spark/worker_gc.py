@@ -3,10 +3,10 @@
 Why. PySpark's worker daemon runs a full ``gc.collect()`` after every task of a reused worker
 (``pyspark/daemon.py``), between the end of one task and the start of the next. A worker that
 has imported PySpark, pyarrow, numpy and this package holds some 60,000 tracked objects (the
-modules, their functions and classes), and each of those collections walks them all: measured
-in the Spark write benchmark, 30–84 ms per task on this 2-core VM, about as long as the sink's
-own work on a 500k-row task, and on the path from one wave of tasks to the next. Those objects
-live as long as the process, so the collector never frees any of them.
+modules, their functions and classes), and each of those collections walks them all, taking
+about as long as the sink's own work on a task (docs/performance.md), on the path from one wave
+of tasks to the next. Those objects live as long as the process, so the collector never frees any
+of them.
 
 What. Once per process, before its first kafkalog task: one full collection (so that no cyclic
 garbage is frozen, which would leak), then ``gc.freeze()``, which moves every object alive into

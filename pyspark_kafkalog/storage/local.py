@@ -49,8 +49,8 @@ def _staging_buffer() -> memoryview:
     """This thread's staging buffer for O_DIRECT writes: private memory, aligned to and advised
     as transparent huge pages where the OS has them, and kept, so later writes do not fault its
     pages in again. Huge pages because the kernel pins every page of an O_DIRECT write's buffer
-    and hands the device one piece per page: four 15 MB segments took 51 ms instead of 72 to
-    write and sync, and 12 ms of CPU instead of 17 (docs/spark-write.md)."""
+    and hands the device one piece per page: fewer, larger pieces take less time and CPU
+    (docs/performance.md)."""
     view = getattr(_staging, "view", None)
     if view is None:
         buf, start = huge_page_mapping(_DIRECT_CHUNK)

@@ -231,8 +231,8 @@ class LocalDirectSpool(LocalSpool):
     def _write_patches(self, fd: int, patches: Sequence[Tuple[int, bytes]]) -> None:
         """The last partial block and the patched blocks, whole (so that the kernel need not
         read the rest of a page first), through the page cache on ``fd``: a few pages, which
-        the fsync then writes together, where one O_DIRECT write per block, each a round trip
-        to the device, took about 5 ms per 15 MB segment here."""
+        the fsync then writes together, where one O_DIRECT write per block would cost a round
+        trip to the device each (docs/performance.md)."""
         blocks: dict = {}
         last = self.size // _ALIGN
         if self._tail:
