@@ -17,7 +17,7 @@ import sys
 from _common import fan_out, spark_session
 from pyspark_kafkalog.cluster.checkpoints import sync_checkpoints
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.groups import GroupStore
+from pyspark_kafkalog.cluster.groups import GroupStore, topic_ids
 from pyspark_kafkalog.cluster.maintenance import delete_below_log_start
 from pyspark_kafkalog.cluster.state import ClusterState, split_key, tp_key
 from pyspark_kafkalog.cli.cluster_maint import parse_offset_json
@@ -29,7 +29,9 @@ def read_offset_json(text: str) -> dict:
 
 
 def offsets_consumed_by(cluster: Cluster, group: str, topic=None) -> dict:
-    committed = GroupStore(cluster.storage).fetch(group)
+    """The group's offsets, without those of a topic deleted (or re-created) since: deleting
+    below one of those would delete a new topic's records that nobody consumed."""
+    committed = GroupStore(cluster.storage).fetch(group, topic_ids(cluster.state()))
     return {tp: om.offset for tp, om in committed.items() if topic is None or tp[0] == topic}
 
 

@@ -150,7 +150,7 @@ def test_commit_after_the_deadline_is_rejected_even_without_an_abort(tmp_path):
     clock.t += 2
     with pytest.raises(FencedLeaderEpochError, match="deadline"):
         prod.commit([pending])
-    assert Admin(cluster).consume("t") == []
+    assert list(Admin(cluster).consume("t")) == []
 
 
 def test_one_commit_makes_many_writes_visible_together(admin):
@@ -227,7 +227,7 @@ def test_kip107_delete_records_table(admin, tmp_path):
     # reads below the log start offset fail; earliest means the log start offset
     with pytest.raises(OffsetOutOfRangeError):
         admin.consume("t", 0, start=11)
-    assert admin.consume("t", 0)[0].offset == 12
+    assert list(admin.consume("t", 0))[0].offset == 12
     assert admin.list_offsets({TP("t", 0): "earliest"})[TP("t", 0)].offset == 12
 
 
@@ -293,7 +293,7 @@ def test_groups_commit_describe_reset(admin):
     admin.create_topic("t", 2)
     admin.produce("t", _recs(6), partition=0)
     admin.produce("t", _recs(4), partition=1)
-    got = admin.consume("t", 0, group="g", max_records=4)
+    got = list(admin.consume("t", 0, group="g", max_records=4))
     assert [r.offset for r in got] == [0, 1, 2, 3]
     assert [r.offset for r in admin.consume("t", 0, group="g")] == [4, 5]
     lag = {(l.topic, l.partition): (l.committed_offset, l.log_end_offset, l.lag)

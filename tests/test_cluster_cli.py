@@ -739,7 +739,7 @@ def test_groups_list_describe_reset_delete(kl, url):
     (["--describe", "--group", "nope"], "GroupIdNotFoundError"),
     (["--delete", "--group", "nope"], "GroupIdNotFoundError"),
     (["--describe"], "--describe needs --group G"),
-    (["--describe", "--group", ""], "--group must not be empty"),
+    (["--describe", "--group", ""], "invalid group id '': it must not be empty"),
     (["--reset-offsets", "--group", "g", "--topic", "t"], "needs one of --to-earliest"),
     (["--reset-offsets", "--group", "g", "--to-latest"], "--reset-offsets needs --topic T"),
     (["--reset-offsets", "--group", "g", "--topic", "nope", "--to-latest"],

@@ -58,7 +58,7 @@ def test_delete_records_job_from_kafka_json_and_after_consumption(spark, tmp_pat
     assert [f.name for f in (tmp_path / "c" / "logdir-0" / "a-0").glob("*.log")] == [
         "00000000000000000003.log"]
     # downstream consumption: trim partition 2 to what group g has consumed
-    admin.consume("a", 2, group="g", max_records=2)
+    list(admin.consume("a", 2, group="g", max_records=2))
     consumed = delete_job.offsets_consumed_by(admin.cluster, "g")
     assert consumed == {("a", 2): 2}
     res = delete_job.run(url, consumed, spark=spark, min_partitions_for_spark=1)

@@ -202,7 +202,7 @@ def test_cluster_checkpoints_read_in_kafka_after_delete_records(ks, tmp_path, ka
     write(ks.createDataFrame(rows, SCHEMA).repartition(2), root, topic="ck", createTopic="true",
           **{"topic.partitions": 2, **SMALL_SEGMENTS})
     admin = Admin(str(root))
-    counts = {p: len(admin.consume("ck", p)) for p in (0, 1)}
+    counts = {p: len(list(admin.consume("ck", p))) for p in (0, 1)}
     admin.delete_records_before({("ck", 0): 37})
     found = kafka_check(root / "logdir-0")
     assert found.errors() == []

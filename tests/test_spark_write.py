@@ -77,7 +77,7 @@ def test_write_then_read_back_same_rows(ks, tmp_path):
     before = int(time.time() * 1000)
     write(df, root, topic="rt", createTopic="true", **{"topic.partitions": 5})
     after = int(time.time() * 1000)
-    got = Admin(str(root)).consume("rt")
+    got = list(Admin(str(root)).consume("rt"))
     assert len(got) == len(rows)
     expected = sorted((((None if k is None else k.encode()), v,
                         tuple((hk, hv) for hk, hv in (h or ())),
@@ -112,7 +112,7 @@ def test_direct_io_write_reads_back_the_same_rows(ks, tmp_path):
     logs = {name: [p.read_bytes() for p in seg_files(tmp_path / name, "d", (".log",))]
             for name in ("direct", "buffered")}
     assert max(len(b) for b in logs["direct"]) > (1 << 20)
-    got = Admin(str(tmp_path / "direct")).consume("d")
+    got = list(Admin(str(tmp_path / "direct")).consume("d"))
     assert sorted((r.key, r.value, r.timestamp) for r in got) == sorted(
         (str(i).encode(), str(i).encode() * 20, 1_700_000_000_000 + i) for i in range(24_000))
     assert logs["direct"] == logs["buffered"]
@@ -128,7 +128,7 @@ def test_keyed_rows_match_kafka_python_partitioner(ks, tmp_path):
     assert len(keys) >= 19_000
     df = ks.createDataFrame([(k, b"v") for k in keys], "key binary, value binary").repartition(4)
     write(df, root, topic="parity", createTopic="true", **{"topic.partitions": 7})
-    got = Admin(str(root)).consume("parity")
+    got = list(Admin(str(root)).consume("parity"))
     assert sorted(r.key for r in got) == keys
     wrong = [(r.key, r.partition) for r in got if r.partition != py_partition(r.key, 7)]
     assert not wrong, wrong[:5]
@@ -145,7 +145,7 @@ def test_unkeyed_rows_spread_evenly_and_sticky(ks, tmp_path):
     df = ks.range(40_000, numPartitions=2).selectExpr("cast(id as string) as value")
     write(df, root, topic="spread", createTopic="true", **{"topic.partitions": 4,
                                                            "batch.records": 1000})
-    got = Admin(str(root)).consume("spread")
+    got = list(Admin(str(root)).consume("spread"))
     assert len(got) == 40_000
     counts = [sum(1 for r in got if r.partition == p) for p in range(4)]
     assert all(8_000 <= c <= 12_000 for c in counts), counts
@@ -165,15 +165,15 @@ def test_topic_and_partition_columns(ks, tmp_path):
             ("b", 1, "k", "x4")]
     df = ks.createDataFrame(rows, "topic string, partition int, key string, value string")
     write(df, root)
-    a, b = admin.consume("a"), admin.consume("b")
+    a, b = list(admin.consume("a")), list(admin.consume("b"))
     assert sorted(r.value for r in a) == [b"x1", b"x3"] and sorted(r.value for r in b) == [
         b"x2", b"x4"]
     assert [r.partition for r in a if r.value == b"x1"] == [2]
     assert {r.value: r.partition for r in b} == {b"x2": py_partition(b"k", 2), b"x4": 1}
     # the topic option overrides the column
     write(df.drop("partition"), root, topic="b")
-    assert len(admin.consume("b")) == 6
-    assert len(admin.consume("a")) == 2
+    assert len(list(admin.consume("b"))) == 6
+    assert len(list(admin.consume("a"))) == 2
 
 
 def test_log_append_time_topic(ks, tmp_path):
@@ -211,7 +211,7 @@ def test_failing_task_leaves_nothing_visible_and_no_files(ks, tmp_path):
     # small batches and a tiny buffer: every task reserves and writes segments early and often
     with pytest.raises(Exception, match="injected failure"):
         write(df, root, topic="boom", **{"batch.records": 100, "buffer.memory": 4096})
-    got = admin.consume("boom")
+    got = list(admin.consume("boom"))
     assert [(r.key, r.value) for r in got] == [(b"before", b"committed earlier")]
     # Spark aborts the job while the other tasks may still run: an attempt that reserves after
     # the abort finds the decision and aborts itself (no waiting for transaction.timeout.ms)
@@ -259,7 +259,7 @@ def test_lost_task_attempt_is_aborted_by_the_job_commit(tmp_path):
     assert msg1.records == 500 and msg2.records == 300
     writer.commit([msg1, msg2])
     admin = Admin(root)
-    got = admin.consume("retry")
+    got = list(admin.consume("retry"))
     assert sorted(r.value for r in got) == sorted([b"v%d" % i for i in range(500)] +
                                                   [b"v%d" % i for i in range(500, 800)])
     state = admin.cluster.state()
@@ -268,7 +268,7 @@ def test_lost_task_attempt_is_aborted_by_the_job_commit(tmp_path):
     lost_files = {f"{b:020d}" for p in lost_pending for bs in p.segments.values() for b in bs}
     assert not {p.stem for p in seg_files(root, "retry")} & lost_files, "lost attempt's files"
     admin.cleanup()
-    assert len(admin.consume("retry")) == 800
+    assert len(list(admin.consume("retry"))) == 800
 
 
 def test_attempt_after_the_job_is_decided_aborts_itself(tmp_path):
@@ -315,7 +315,7 @@ def test_commit_after_the_deadline_fails_whole(tmp_path):
     with pytest.raises(FencedLeaderEpochError, match="transaction.timeout.ms"):
         writer.commit([m1, m2])
     admin = Admin(root)
-    assert admin.consume("slow") == []
+    assert list(admin.consume("slow")) == []
     admin.cleanup()
     assert seg_files(root, "slow") == []
 
@@ -342,7 +342,7 @@ def test_two_concurrent_jobs_both_land_whole(ks, tmp_path):
     for t in threads:
         t.join()
     assert not errors, [str(getattr(e, "java_exception", e)) for e in errors]
-    got = Admin(str(root)).consume("both")
+    got = list(Admin(str(root)).consume("both"))
     values = sorted(r.value for r in got)
     assert values == sorted([f"A-{i}".encode() for i in range(6000)] +
                             [f"B-{i}".encode() for i in range(6000)])
@@ -368,7 +368,7 @@ def test_save_modes(ks, tmp_path):
         writer().mode("overwrite").save(str(root))
     with pytest.raises(Exception, match="append-only"):
         df.write.option("topic", "modes").save(str(root), format="kafkalog", mode="overwrite")
-    assert Admin(str(root)).consume("modes") == []
+    assert list(Admin(str(root)).consume("modes")) == []
     # Append, and ErrorIfExists (Spark's default) as Spark's Kafka sink has it: an append, however
     # the mode and format are given
     writer().mode("append").save(str(root))
@@ -472,7 +472,7 @@ def test_errors_through_spark(ks, tmp_path, golden_copy):
     fails(ks.createDataFrame([("v", [("h", b"x")])],
                              "value string, headers array<struct<key:string,value:binary>>"),
           "no record headers", topic="e", **{"message.format.version": "1"})
-    assert admin.consume("e") == []
+    assert list(admin.consume("e")) == []
     # read-schema columns (offset, timestampType) are ignored, so a read -> write copy works
     df = ks.createDataFrame([(b"k", b"v", 5, 0)], "key binary, value binary, offset long, "
                             "timestampType int")
@@ -614,7 +614,7 @@ def test_every_codec_and_format_reads_back_with_kafka_python(ks, tmp_path, kafka
                         tuple(h) if magic == 2 else ()) for k, v, ts, h in rows), key=repr)
         assert sorted(seen, key=repr) == sorted(want, key=repr), topic
         # and ours agrees with kafka-python on the same files
-        assert len(Admin(str(root)).consume(topic)) == len(rows)
+        assert len(list(Admin(str(root)).consume(topic))) == len(rows)
     full.unpersist()
 
 
@@ -682,7 +682,7 @@ def test_shuffle_helper_unkeyed_and_explicit(ks, tmp_path):
                                          **{"batch.records": 500})
     assert out.rdd.getNumPartitions() == 2
     write(out, root, topic="u")
-    got = Admin(str(root)).consume("u")
+    got = list(Admin(str(root)).consume("u"))
     assert len(got) == 8000
     assert all(r.partition == 3 for r in got if int(r.value) < 10)
     assert len(seg_files(root, "u", (".log",))) == 4

@@ -533,7 +533,7 @@ def test_zombie_writer_is_fenced(tmp_path):
         assert [a[2] for a in acks] == list(range(zend, zend + 10))
         ps = cluster.state().partition(topic, 0)
         assert ps.high_watermark == zstart, "the zombie's open reservation must hold the HW"
-        assert admin.consume(topic) == []
+        assert list(admin.consume(topic)) == []
         other_epoch = [r for r in ps.committed if r[0] == zend][0][2]
         assert other_epoch > zepoch, "a new producer must bump the leader epoch"
 
@@ -602,7 +602,7 @@ def test_atomic_multi_partition_commit(tmp_path):
                                   stderr=subprocess.PIPE, text=True, env=child_env())
 
     def nothing_visible():
-        return all(admin.consume(topic, p) == [] for p in range(n))
+        return all(list(admin.consume(topic, p)) == [] for p in range(n))
 
     committed_keys, held_back = [], 0
     try:
@@ -615,7 +615,7 @@ def test_atomic_multi_partition_commit(tmp_path):
             kproc.wait()
             assert len(written["ranges"]) == n
             assert all(written["segments"][f"{topic}:{p}"] for p in range(n))
-            visible_before = [len(admin.consume(topic, p)) for p in range(n)]
+            visible_before = [len(list(admin.consume(topic, p))) for p in range(n)]
             assert visible_before == [5 * round_] * n
             ktxn = written["txn"]
             deadline = cluster.state().txns[ktxn]["deadline"]
@@ -633,7 +633,7 @@ def test_atomic_multi_partition_commit(tmp_path):
             state = cluster.state()
             if ktxn in state.txns:     # (on a very slow machine the committer aborted it first)
                 held_back += 1
-                assert [len(admin.consume(topic, p)) for p in range(n)] == visible_before, \
+                assert [len(list(admin.consume(topic, p))) for p in range(n)] == visible_before, \
                     "the dead writer's open reservation must hold back the high watermark"
             time.sleep(max(0.0, deadline / 1000 - time.time()) + 0.1)
             assert cluster.abort_expired() in ([ktxn], [])

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 from ..cluster.cluster import Cluster
-from ..cluster.consumer import EARLIEST, LATEST, iter_records, parse_start, resolve_offset
-from ..cluster.groups import GroupStore, OffsetAndMetadata, require_group
+from ..cluster.consumer import EARLIEST, LATEST, Consumer, resolve_offset
+from ..cluster.groups import (GroupStore, OffsetAndMetadata, live_offsets, require_group,
+                              topic_ids)
 from ..cluster.maintenance import (DeleteRecordsResult, RetentionPlan, apply_retention,
                                    collect_garbage, delete_records, plan_retention)
 from ..cluster.producer import Producer
@@ -22,7 +23,7 @@ from ..format.records import DecodedRecord, Record
 __all__ = ["Admin", "TopicPartition", "TopicDescription", "PartitionInfo", "RecordMetadata",
            "ConsumerRecord", "ListOffsetsResult", "GroupPartitionLag", "DeleteRecordsResult",
            "RetentionPlan", "PartitionRepair", "SegmentRepair", "LostRange",
-           "OffsetAndMetadata", "EARLIEST", "LATEST"]
+           "OffsetAndMetadata", "Consumer", "EARLIEST", "LATEST"]
 
 
 class TopicPartition(NamedTuple):
@@ -142,32 +143,28 @@ class Admin:
 
     def consume(self, topic: str, partition: Optional[int] = None, *, start="earliest",
                 max_records: Optional[int] = None, isolation_level: str = "read_committed",
-                group: Optional[str] = None) -> List[ConsumerRecord]:
-        """Committed records, partition by partition. With ``group`` (and ``start`` left at its
-        default), reading resumes from the group's committed offsets, and they are committed."""
-        state = self.cluster.state()
-        spec = parse_start(start) if isinstance(start, str) else start
-        committed = self.groups.fetch(group) if group else {}
-        out: List[ConsumerRecord] = []
-        new_offsets = {}
-        for p in self._partitions(topic, partition):
-            view = self.cluster.partition_view(topic, p, state, isolation_level=isolation_level)
-            if group and (topic, p) in committed and start == "earliest":
-                begin = max(committed[(topic, p)].offset, view.log_start_offset)
-            else:
-                begin = resolve_offset(view, spec)[0]
-            left = None if max_records is None else max_records - len(out)
-            if left is not None and left <= 0:
-                break
-            last = None
-            for r in iter_records(view, begin, max_records=left):
-                out.append(_consumer_record(topic, p, r))
-                last = r.offset
-            if group:
-                new_offsets[(topic, p)] = OffsetAndMetadata(begin if last is None else last + 1)
-        if group and new_offsets:
-            self.groups.commit(group, new_offsets, now_ms=self.cluster.now_ms())
-        return out
+                group: Optional[str] = None, enable_auto_commit: bool = True,
+                auto_commit_interval_ms: int = 5000) -> Consumer:
+        """A :class:`Consumer`: an iterator of :class:`ConsumerRecord`, partition by partition,
+        that holds one bounded fetch at a time (``list(...)`` for all of them at once).
+
+        With ``group``, partitions where the group has committed offsets resume from them
+        (unless ``start`` is other than ``"earliest"``), and offsets are committed as Kafka's
+        consumer does with ``enable.auto.commit``, but only for records the caller has
+        *consumed*: a record counts once the next one is asked for, or the iteration ends.
+        Commits happen at most every ``auto_commit_interval_ms`` while iterating, at the end,
+        and on ``close()`` / leaving a ``with`` block; ``commit()`` commits every record handed
+        out so far (Kafka's ``commitSync()``). An abandoned iterator commits nothing more::
+
+            with admin.consume("orders", group="billing") as records:
+                for r in records:
+                    bill(r)          # a crash here re-delivers r next time, never skips it
+        """
+        return Consumer(self.cluster, topic, self._partitions(topic, partition), start=start,
+                        max_records=max_records, isolation_level=isolation_level, group=group,
+                        enable_auto_commit=enable_auto_commit,
+                        auto_commit_interval_ms=auto_commit_interval_ms,
+                        wrap=lambda p, r: _consumer_record(topic, p, r))
 
     def list_offsets(self, specs: Mapping[TopicPartition, object],
                      isolation_level: str = "read_committed") -> Dict[TopicPartition, ListOffsetsResult]:
@@ -226,7 +223,10 @@ class Admin:
         return self.groups.list_groups()
 
     def list_group_offsets(self, group: str) -> Dict[TopicPartition, OffsetAndMetadata]:
-        return {TopicPartition(*tp): om for tp, om in self.groups.fetch(group).items()}
+        """The group's committed offsets, without those of a topic since deleted (or deleted and
+        created again under the same name)."""
+        ids = topic_ids(self.cluster.state())
+        return {TopicPartition(*tp): om for tp, om in self.groups.fetch(group, ids).items()}
 
     def commit_group_offsets(self, group: str, offsets: Mapping[TopicPartition, object]) -> None:
         state = self.cluster.state()
@@ -235,14 +235,17 @@ class Admin:
             om = om if isinstance(om, OffsetAndMetadata) else OffsetAndMetadata(int(om))
             if state.partition(*tp) is None:
                 raise UnknownTopicOrPartitionError(f"no partition {tp[0]}-{tp[1]}")
-            clean[tuple(tp)] = om
+            clean[tuple(tp)] = OffsetAndMetadata(om.offset, om.metadata,
+                                                 state.topics[tp[0]]["topic_id"])
         self.groups.commit(group, clean, now_ms=self.cluster.now_ms())
 
     def describe_group(self, group: str) -> List[GroupPartitionLag]:
-        """Committed offset, log end (high watermark) and lag per partition of the group's topics."""
-        committed = require_group(self.groups, group)
+        """Committed offset, log end (high watermark) and lag per partition of the group's topics.
+        An offset of a topic that was deleted and created again shows as not committed."""
+        stored = require_group(self.groups, group)
         state = self.cluster.state()
-        topics = sorted({t for t, _ in committed})
+        committed = live_offsets(stored, topic_ids(state))
+        topics = sorted({t for t, _ in stored})
         out = []
         for topic in topics:
             if topic not in state.topics:
@@ -261,7 +264,7 @@ class Admin:
         state = self.cluster.state()
         if topic not in state.topics:
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
-        committed = self.groups.fetch(group)
+        committed = self.groups.fetch(group, topic_ids(state))
         new = {}
         for p in range(state.topics[topic]["partitions"]):
             view = self.cluster.partition_view(topic, p, state)
@@ -284,8 +287,9 @@ class Admin:
                                           "timestamp or shift")
             new[TopicPartition(topic, p)] = off
         if not dry_run:
-            self.groups.commit(group, {tp: OffsetAndMetadata(o) for tp, o in new.items()},
-                               now_ms=self.cluster.now_ms())
+            tid = state.topics[topic]["topic_id"]
+            self.groups.commit(group, {tp: OffsetAndMetadata(o, topic_id=tid)
+                                       for tp, o in new.items()}, now_ms=self.cluster.now_ms())
         return new
 
     def delete_group(self, group: str) -> None:

@@ -3,6 +3,7 @@ its parser lives in produce.py with the raw ``--log-dir`` mode), ``consume`` and
 from __future__ import annotations
 
 import base64
+import json
 import sys
 import time
 
@@ -10,12 +11,13 @@ from ..errors import (InvalidConfigError, InvalidRecordError, TopicAuthorization
                       UnknownTopicOrPartitionError)
 from ..format import codecs
 from ..format.checkpoint import validate_topic_name
-from .cluster_common import (OUTPUT_HELP, columns, emit_json, emit_rows, non_negative,
+from .cluster_common import (OUTPUT_HELP, columns, emit_rows, non_negative,
                              open_admin)
 
 ACK_COLUMNS = columns("topic", "partition", "offset")
 OFFSET_COLUMNS = columns("topic", "partition", "offset", "timestamp")
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+COMMIT_INTERVAL_MS = 5000
 
 
 # -- produce --cluster -----------------------------------------------------------------------
@@ -72,8 +74,10 @@ def add_consume_parser(sub, parents) -> None:
                "partition: topic, partition, offset, timestamp, timestampType, magic, control, "
                "transactional, producerId, key, value (base64 or null), headers [{key, value}]. "
                "With --group, partitions where the group has committed offsets resume from them "
-               "unless --from names another start than earliest, and the offsets after the "
-               "records printed are committed.")
+               "unless --from names another start than earliest. Only offsets of records already "
+               "written to stdout and flushed are committed: every --commit-interval-ms, at the "
+               "end, and on Ctrl-C or a closed pipe (`| head`), so the next consume of the group "
+               "resumes right after the last record that reached the output.")
     p.add_argument("--topic", required=True, metavar="T")
     p.add_argument("--partition", type=int, metavar="P", help="one partition (default: all)")
     p.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
@@ -83,6 +87,10 @@ def add_consume_parser(sub, parents) -> None:
     p.add_argument("--isolation-level", default="read_committed", choices=ISOLATION_LEVELS,
                    help="read_uncommitted also shows writes not yet committed")
     p.add_argument("--group", metavar="G", help="consumer group: resume from and commit offsets")
+    p.add_argument("--commit-interval-ms", type=int, metavar="MS",
+                   help="with --group: flush and commit at most this often while printing "
+                        f"(default {COMMIT_INTERVAL_MS}, Kafka's auto.commit.interval.ms; 0: "
+                        "after every record)")
     p.set_defaults(run=run_consume)
 
 
@@ -99,21 +107,53 @@ def record_json(r) -> dict:
 
 
 def run_consume(args) -> int:
+    """Stream records to stdout. A record is delivered once its line has been flushed to stdout,
+    so the group's offsets are committed only from a snapshot of the consumer's positions taken
+    right after a flush; a closed pipe or Ctrl-C commits that snapshot and nothing beyond it."""
     from ..cluster.consumer import parse_start
+    from ..cluster.groups import validate_group_id
     validate_topic_name(args.topic)
     non_negative(args.partition, "--partition")
     non_negative(args.max_records, "--max-records", 1)
+    non_negative(args.commit_interval_ms, "--commit-interval-ms")
+    if args.group is not None:
+        validate_group_id(args.group)
+    elif args.commit_interval_ms is not None:
+        raise InvalidConfigError("--commit-interval-ms needs --group (it commits the group's "
+                                 "offsets)")
     spec = parse_start(args.start)
     if isinstance(spec, int) and args.partition is None:
         raise InvalidConfigError(f"--from {args.start}: an offset needs --partition (offsets "
                                  "are per partition)")
     admin = open_admin(args, "consume")
     _check_partition(admin, args.topic, args.partition)
-    records = admin.consume(args.topic, args.partition, start=args.start.strip(),
-                            max_records=args.max_records, isolation_level=args.isolation_level,
-                            group=args.group)
-    for r in records:
-        emit_json(record_json(r))
+    consumer = admin.consume(args.topic, args.partition, start=args.start.strip(),
+                             max_records=args.max_records, isolation_level=args.isolation_level,
+                             group=args.group, enable_auto_commit=False)
+    out = sys.stdout
+    if args.group is None:
+        for r in consumer:
+            out.write(json.dumps(record_json(r)) + "\n")
+        out.flush()
+        return 0
+    interval = (COMMIT_INTERVAL_MS if args.commit_interval_ms is None
+                else args.commit_interval_ms) / 1000.0
+    delivered = committed = {}
+    try:
+        next_commit = time.monotonic() + interval
+        for r in consumer:
+            out.write(json.dumps(record_json(r)) + "\n")
+            if time.monotonic() >= next_commit:
+                out.flush()
+                delivered = consumer.positions()
+                consumer.commit(delivered)
+                committed = delivered
+                next_commit = time.monotonic() + interval
+        out.flush()
+        delivered = consumer.positions()   # every partition reached, also those with no record
+    finally:
+        if delivered != committed:
+            consumer.commit(delivered)
     return 0
 
 

@@ -1,6 +1,7 @@
 """``kafkalog --cluster URL groups``: kafka-consumer-groups.sh for offsets committed on storage."""
 from __future__ import annotations
 
+from ..cluster.groups import validate_group_id
 from ..errors import InvalidConfigError
 from ..format.checkpoint import validate_topic_name
 from .cluster_common import OUTPUT_HELP, columns, emit_rows, only_with, open_admin, require, say
@@ -54,8 +55,7 @@ def run(args) -> int:
     only_with(args, flag, allowed, OPTIONS)
     if action != "list":
         require(args, flag, ("group", "--group G"))
-        if not args.group:
-            raise InvalidConfigError("--group must not be empty")
+        validate_group_id(args.group)
     return globals()[f"_{action}"](args)
 
 
