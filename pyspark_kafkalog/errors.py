@@ -15,12 +15,16 @@ class KafkaLogError(Exception):
     error_code = -1
     error_name = "UNKNOWN_SERVER_ERROR"
     retriable = False
+    #: the CLI's exit status: a user error (bad option or input) is 2, trouble with the data or
+    #: the storage (corruption, a newer cluster, a lost race, storage unavailable) is 1
+    user_error = True
 
 
 # -- data on storage ----------------------------------------------------------------------------
 
 class CorruptRecordError(KafkaLogError):
     """Bytes on storage or in a buffer fail their CRC, size or structure checks."""
+    user_error = False
 
     error_code = 2
     error_name = "CORRUPT_MESSAGE"
@@ -59,6 +63,7 @@ class UnsupportedCodecError(KafkaLogError):
 
 class UnsupportedVersionError(KafkaLogError):
     """A magic byte, file version or on-storage format version we do not understand."""
+    user_error = False
 
     error_code = 35
     error_name = "UNSUPPORTED_VERSION"
@@ -66,6 +71,7 @@ class UnsupportedVersionError(KafkaLogError):
 
 class LogSegmentOffsetOverflowError(KafkaLogError):
     """An offset does not fit a segment's 32-bit relative offsets."""
+    user_error = False
 
     error_code = 87
     error_name = "INVALID_RECORD"
@@ -125,6 +131,7 @@ class TopicAuthorizationFailedError(KafkaLogError, PermissionError):
 
 class FencedLeaderEpochError(KafkaLogError):
     """A writer's leader epoch (its right to write) was taken over: it is a zombie."""
+    user_error = False
 
     error_code = 74
     error_name = "FENCED_LEADER_EPOCH"
@@ -142,6 +149,7 @@ class InvalidReplicaAssignmentError(KafkaLogError, ValueError):
 
 class InvalidTxnStateError(KafkaLogError):
     """A commit or abort names a transaction that is unknown or already decided otherwise."""
+    user_error = False
 
     error_code = 48
     error_name = "INVALID_TXN_STATE"
@@ -161,6 +169,7 @@ class InvalidGroupIdError(KafkaLogError, ValueError):
 
 class KafkaStorageError(KafkaLogError, OSError):
     """Storage failed or behaved outside what its backend guarantees."""
+    user_error = False
 
     error_code = 56
     error_name = "KAFKA_STORAGE_ERROR"
@@ -175,6 +184,7 @@ class AlreadyExistsError(KafkaStorageError, FileExistsError):
 
 class StorageNotFoundError(KafkaStorageError, FileNotFoundError):
     """A path that must exist does not."""
+    user_error = True     # mostly a path the user named
 
     retriable = False
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_kafkalog.admin import Admin
+from pyspark_kafkalog.cluster.actions import Abort
 from pyspark_kafkalog.cluster.consumer import iter_records
 from pyspark_kafkalog.cluster.producer import Producer
 from pyspark_kafkalog.format.records import Record
@@ -89,7 +90,7 @@ def test_cleanup_still_removes_aborted_segments(tmp_path):
     a = Admin(root, create=False)
     prod = Producer(a.cluster)
     pending = prod.write({("s", 0): prod.encode("s", [Record(b"k", b"v", 1)])})
-    a.cluster.submit([{"op": "abort", "txns": [pending.txn], "reason": "test"}])
+    a.cluster.submit([Abort(txns=[pending.txn], reason="test")])
     a.produce("s", [Record(b"k2", b"v", 1)], partition=0)
     seg = Path(root) / "logdir-0" / "s-0" / f"{0:020d}.log"
     assert seg.exists()

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from pyspark_kafkalog.cluster import actions as A
 from pyspark_kafkalog.admin import Admin, TopicPartition as TP
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.metalog import MetadataLog
@@ -92,12 +93,21 @@ def test_a_state_copy_is_equal_and_independent(admin):
     before = json.dumps(state.to_snapshot(), sort_keys=True)
     c = state.copy()
     assert json.dumps(c.to_snapshot(), sort_keys=True) == before
-    c.topics["t"]["configs"]["retention.ms"] = "1"
-    c.partition("t", 0).committed[0][1] = 99
-    c.partition("t", 1).open.clear()
-    next(iter(c.txns.values()))["deadline"] = 0
-    c.acls.append({"principal": "x"})
-    c.decided["x"] = "aborted"
+    # the copy shares what neither changed (copy-on-write): replaying into it takes private
+    # copies of what each action changes, and the original stays as it was
+    txn = next(iter(c.txns))
+    for i, action in enumerate([
+            A.AlterConfigs(topic="t", set={"retention.ms": "1"}),
+            A.SetLogStart(partitions={"t:0": 2}),
+            A.Commit(txns=[txn]),
+            A.Reserve(txn="r2", producer="p2", timeout_ms=5, partitions={"t:0": 1, "t:1": 1}),
+            A.Abort(txns=["r2"]),
+            A.AclChange(add=[{"principal": "x", "topic": "t", "operation": "READ",
+                              "permission": "DENY"}]),
+            A.DeleteTopic(topic="t")]):
+        c.apply(c.seq + 1, {"version": 1, "timestamp": 1, "actions": [action.to_json()]})
+        assert c.results[c.seq][0].ok, (action, c.results[c.seq][0])
+    assert "t" not in c.topics and c.decided[txn] == "committed"
     assert json.dumps(state.to_snapshot(), sort_keys=True) == before
 
 

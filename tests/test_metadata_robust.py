@@ -75,7 +75,7 @@ def test_malformed_entry_stops_every_command_with_one_line(cluster, what):
             '{"partitions": [{"topic": "t", "partition": 0, "offset": 1}], "version": 1}'
             if argv[0] == "delete-records" else "")
         rc, out, err = kafkalog("--cluster", cluster, *argv, stdin=stdin)
-        assert rc == 2, (argv, out, err)
+        assert rc == 1, (argv, out, err)
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (argv, err)
         assert f"{seq:020d}.json" in err, (argv, err)
     assert listing(cluster) == before            # nothing written, nothing deleted
@@ -99,13 +99,13 @@ def test_malformed_entry_stops_every_command_with_one_line(cluster, what):
 def test_unknown_entry_version_is_refused(cluster):
     seq = write_entry(cluster, {"version": 2, "writer": "w", "timestamp": 5, "actions": []})
     rc, _, err = kafkalog("--cluster", cluster, "topics", "--list")
-    assert rc == 2 and "UnsupportedVersionError" in err and f"{seq:020d}.json" in err
+    assert rc == 1 and "UnsupportedVersionError" in err and f"{seq:020d}.json" in err
 
 
 def test_timestamp_out_of_range_entry_is_refused(cluster):
     write_entry(cluster, {"version": 1, "writer": "w", "timestamp": 1 << 63, "actions": []})
     rc, _, err = kafkalog("--cluster", cluster, "topics", "--list")
-    assert rc == 2 and "64-bit" in err
+    assert rc == 1 and "64-bit" in err
 
 
 @pytest.mark.parametrize("field,value", [("timeout_ms", "abc"), ("partitions", {"t:x": 1}),
@@ -117,8 +117,9 @@ def test_malformed_reserve_applies_whole_or_not_at_all(cluster, field, value):
     before = a.cluster.state().copy()
     action = {"op": "reserve", "txn": "bad", "producer": "p", "timeout_ms": 1000,
               "partitions": {"t:0": 2}, field: value}
-    _, state, results = a.cluster.submit([action])
-    assert results[0]["error"] == "INVALID_REQUEST" and field in results[0]["message"]
+    seq, state = a.cluster.metalog.append([action])     # raw JSON: malformed on purpose
+    results = state.results[seq]
+    assert results[0].error == "INVALID_REQUEST" and field in results[0].message
     assert state.partitions["t:0"].to_json() == before.partitions["t:0"].to_json()
     assert state.txns == before.txns
     ack = a.produce("t", [Record(b"after", b"v", 1)], partition=0)[0]
@@ -137,8 +138,8 @@ def test_malformed_reserve_applies_whole_or_not_at_all(cluster, field, value):
 def test_malformed_actions_are_rejected_and_change_nothing(cluster, action):
     a = Admin(str(cluster), create=False)
     before = a.cluster.state().to_snapshot()
-    _, state, results = a.cluster.submit([action])
-    assert results[0]["error"] == "INVALID_REQUEST"
+    seq, state = a.cluster.metalog.append([action])     # raw JSON: malformed on purpose
+    assert state.results[seq][0].error == "INVALID_REQUEST"
     after = state.to_snapshot()
     assert {k: v for k, v in after.items() if k not in ("seq", "timestamp")} == \
         {k: v for k, v in before.items() if k not in ("seq", "timestamp")}
@@ -200,15 +201,26 @@ def test_good_snapshots_are_used_and_verified(tmp_path):
     root = tmp_path / "kl"
     a = Admin(str(root), snapshot_interval=5)
     a.create_topic("t", 2)
+    a.create_topic("u", 3000)                 # three partition parts of 1,024
     for i in range(12):
         a.produce("t", [Record(b"k%d" % i, b"v", 1)], partition=i % 2)
-    assert (root / snapshot_name(10)).exists()
     snap = json.loads((root / snapshot_name(10)).read_text())
-    assert snap["version"] == 2 and len(snap["checksum"]) == 64
+    assert snap["version"] == 3 and len(snap["checksum"]) == 64
+    assert sorted(snap["parts"]) == ["p/t/0", "p/u/0", "p/u/1", "p/u/2", "t/t", "t/u"]
+    older = json.loads((root / snapshot_name(5)).read_text())
+    # only what changed since the last snapshot is written again: t's partitions
+    assert {k for k in snap["parts"] if snap["parts"][k] != older["parts"][k]} == {"p/t/0"}
     fresh = MetadataLog(Admin(str(root), create=False).cluster.storage)
     assert fresh.state().to_snapshot() == a.cluster.state().to_snapshot()
     rc, out, err = kafkalog("--cluster", root, "metadata", "--verify")
     assert rc == 0 and "sound" in out, err
+    # a part that does not match its hash makes its snapshot unusable: found, not trusted
+    part = root / "_kafkalog" / "log" / "parts" / f"{snap['parts']['p/t/0']}.json"
+    part.write_text(part.read_text().replace('"next_offset":', '"next_offset": ', 1))
+    fresh = MetadataLog(Admin(str(root), create=False).cluster.storage)
+    assert fresh.state().to_snapshot() == a.cluster.state().to_snapshot()
+    rc, out, _ = kafkalog("--cluster", root, "--json", "metadata", "--verify")
+    assert rc == 1 and json.loads(out.splitlines()[0])["path"] == snapshot_name(10)
 
 
 def test_missing_entry_is_named_and_repaired(cluster):
@@ -218,7 +230,7 @@ def test_missing_entry_is_named_and_repaired(cluster):
     a.produce("t", [Record(b"y", b"v", 1)], partition=0)
     (cluster / entry_name(seq + 1)).unlink()      # lose the commit of x... or its reserve
     rc, _, err = kafkalog("--cluster", cluster, "topics", "--list")
-    assert rc == 2 and "gap" in err and "Traceback" not in err
+    assert rc == 1 and "gap" in err and "Traceback" not in err
     rc, out, _ = kafkalog("--cluster", cluster, "--json", "metadata", "--verify")
     assert rc == 1 and json.loads(out.splitlines()[0])["kind"] == "missing-entry"
     rc, out, _ = kafkalog("--cluster", cluster, "--json", "metadata", "--repair")

@@ -696,7 +696,7 @@ def test_writer_reads_its_own_outcome_past_a_newer_snapshot(tmp_path):
                                                       "permission": "MAYBE"}]}])
     assert (tmp_path / "_kafkalog" / "log" / f"{5:020d}.snapshot.json").exists()
     assert seq == 3 and state.seq == 5
-    assert state.results[seq][0]["error"] == "INVALID_REQUEST"   # our own action's fate
+    assert state.results[seq][0].error == "INVALID_REQUEST"   # our own action's fate
 
 
 def test_retention_plans_again_when_delete_records_removes_a_segment_under_it(tmp_path):

@@ -52,3 +52,37 @@ def run_metadata(args) -> int:
     if not done:
         say(args, "Nothing to repair.")
     return 0
+
+
+# -- features ----------------------------------------------------------------------------------
+
+FEATURE_COLUMNS = columns("feature", "kind", "enabled", "supported", "description")
+
+
+def add_features_parser(sub, parents) -> None:
+    p = sub.add_parser(
+        "features", parents=parents, help="list or enable protocol features",
+        description="Protocol features (docs/protocol.md §2.3): a reader feature changes what "
+                    "readers compute, and clients that lack it refuse to read; a writer feature "
+                    "binds only writers, and clients that lack it refuse to write. --enable is "
+                    "an explicit step, one metadata entry; features are never turned off.",
+        epilog=OUTPUT_HELP + " Columns: feature, kind (reader or writer), enabled (in this "
+               "cluster), supported (by this client), description.")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--list", action="store_true", help="the cluster's and this client's features")
+    g.add_argument("--enable", metavar="NAME", help="turn a feature on for every client")
+    p.set_defaults(run=run_features)
+
+
+def run_features(args) -> int:
+    admin = open_admin(args, "features")
+    if args.enable:
+        info = admin.enable_feature(args.enable)
+        say(args, f"Enabled {info['kind']} feature {args.enable}.",
+            {"feature": args.enable, **info})
+        return 0
+    rows = [{"feature": name, **info} for name, info in admin.features().items()]
+    emit_rows(args, FEATURE_COLUMNS, rows)
+    if not rows:
+        say(args, "The cluster uses no protocol features, and this client knows none.")
+    return 0

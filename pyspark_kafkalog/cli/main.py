@@ -21,16 +21,20 @@ from . import cluster_repair
 from .cluster_common import common_parent
 
 EXIT_USER_ERROR = 2
+EXIT_DATA_ERROR = 1
 
 EPILOG = """\
 Log-dir commands: dump, recover, produce --log-dir DIR.
 Cluster commands (need --cluster URL): topics, produce, consume, offsets, delete-records,
-retention, groups, log-dirs, cleanup, repair, metadata.
+retention, groups, log-dirs, cleanup, repair, metadata, features.
 
 Output of the cluster commands: an aligned table for people; with --json one JSON object per
 line (one per table row; topics --describe: one per topic). consume always prints JSON lines.
-User errors: one line on stderr, exit status 2, nothing changed. delete-records exits 1 when a
-partition failed. `kafkalog COMMAND --help` describes each command's columns.
+Exit status: 0 on success; 2 for a user error (a bad option or bad input: one line on stderr,
+nothing changed); 1 for trouble with the data or the storage (corruption found, a cluster that
+needs a newer client, a write that lost to another, storage unavailable; also delete-records
+when a partition failed, dump when it found a problem, metadata --verify when the log is not
+sound). `kafkalog COMMAND --help` describes each command's columns.
 """
 
 
@@ -67,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_groups.add_parser(sub, common)
     cluster_repair.add_parser(sub, common)
     cluster_metadata.add_parser(sub, common)
+    cluster_metadata.add_features_parser(sub, common)
     return parser
 
 
@@ -81,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return args.run(args) or 0
     except KafkaLogError as exc:
         print(f"kafkalog: error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return EXIT_USER_ERROR if exc.user_error else EXIT_DATA_ERROR
     except BrokenPipeError:  # `kafkalog dump … | head`
         _discard_stdout()
         return 0

@@ -166,7 +166,7 @@ class Consumer:
         self._store = None
         if group is not None:
             validate_group_id(group)
-            self._store = GroupStore(cluster.storage)
+            self._store = GroupStore(cluster.storage, guard=cluster.check_writable)
         self._now_ms = cluster.now_ms
         state = cluster.state()
         self._topic_id = state.topics[topic]["topic_id"] if topic in state.topics else None

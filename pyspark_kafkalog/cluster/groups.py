@@ -84,9 +84,12 @@ def live_offsets(committed: Mapping[TopicPartition, OffsetAndMetadata],
 
 
 class GroupStore:
-    def __init__(self, storage, clock=None):
+    def __init__(self, storage, clock=None, guard=None):
+        """``guard``: called before every write, to refuse (UNSUPPORTED_VERSION) when the
+        cluster uses a writer feature this client lacks (``Cluster.check_writable``)."""
         self.storage = storage
         self.clock = clock
+        self.guard = guard
 
     def _entries(self, group: str) -> List[int]:
         seqs = []
@@ -134,6 +137,8 @@ class GroupStore:
         Each offset's ``topic_id`` should be the id of the topic its records were read from (not
         looked up now), so that a commit racing a topic's re-creation is stale, not wrong."""
         d = _group_dir(group)
+        if self.guard is not None:
+            self.guard()
         for _ in range(1000):
             seqs = self._entries(group)
             current = {} if (replace_all or not seqs) else self._read(group, seqs[-1])["offsets"]
@@ -161,6 +166,8 @@ class GroupStore:
     def delete(self, group: str) -> None:
         if not self.exists(group):
             raise GroupIdNotFoundError(f"group {group!r} does not exist")
+        if self.guard is not None:
+            self.guard()
         self.storage.delete_tree(_group_dir(group))
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from ..errors import AlreadyExistsError, KafkaLogError, StorageNotFoundError
-from .action_fields import check_entry
-from .metalog import (META_DIR, MetadataLog, entry_name, parse_json, snapshot_name,
-                      snapshot_verified)
+from . import snapshots as snaps
+from .actions import check_entry
+from .metalog import LOG_DIR, META_DIR, MetadataLog, entry_name, parse_json, snapshot_name
 from .state import ClusterState
 
 QUARANTINE_DIR = f"{META_DIR}/quarantine"
@@ -72,11 +72,12 @@ def verify(metalog: MetadataLog) -> VerifyReport:
         try:
             snap = parse_json(snapshot_name(seq), storage.read(snapshot_name(seq)))
             entry = storage.read(entry_name(seq)) if seq in present else None
-            if snap.get("version") == 2 and not snapshot_verified(snap, seq, entry):
-                raise KafkaLogError("checksum, seq or entry hash does not match")
+            if snap.get("version") != 1 and not snaps.verified(snap, seq, entry):
+                raise KafkaLogError("unknown version, or checksum, seq or entry hash does not "
+                                    "match")
             if entries and seq > entries[-1]:
                 raise KafkaLogError(f"claims seq {seq}, after the newest entry {entries[-1]}")
-            verified[seq] = ClusterState.from_snapshot(snap)
+            verified[seq] = snaps.load(storage, LOG_DIR, snap)
         except (KafkaLogError, StorageNotFoundError, AttributeError) as exc:
             report.problems.append(MetadataProblem("bad-snapshot", snapshot_name(seq),
                                                    str(exc), seq))
@@ -109,6 +110,7 @@ def verify(metalog: MetadataLog) -> VerifyReport:
 
 def _comparable(state: ClusterState) -> str:
     snap = state.to_snapshot()
+    snap.pop("version", None)
     return json.dumps(snap, sort_keys=True)
 
 

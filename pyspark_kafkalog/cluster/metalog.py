@@ -7,7 +7,6 @@ that has read the same entries holds the same state. See docs/protocol.md, §2.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -16,6 +15,9 @@ import uuid
 from typing import Callable, List, Optional, Tuple
 
 from ..errors import AlreadyExistsError, CorruptRecordError, KafkaStorageError, StorageNotFoundError
+from . import snapshots as snaps
+from .actions import Action
+from .features import check_writable
 from .state import ClusterState
 
 META_DIR = "_kafkalog"
@@ -75,9 +77,10 @@ class MetadataLog:
         """The newest snapshot that proves itself, else the empty state before entry 0.
 
         A snapshot is derived data and is never trusted on its own word (docs/protocol.md §2):
-        one of version 2 must match its checksum and the entry it claims to follow; an old one
-        (version 1, no checksum) is used only when the entries before it are gone, so that
-        replaying them is not possible; anything else is skipped."""
+        one of version 2 or 3 must match its checksum, the entry it claims to follow and (a
+        manifest) its parts' hashes; an old one (version 1, no checksum) is used only when the
+        entries before it are gone, so that replaying them is not possible; anything else is
+        skipped."""
         entries = self._listing()[0] if entries is None else entries
         replayable_from_zero = not entries or entries[0] == 0
         for seq in reversed(snapshots):
@@ -86,11 +89,11 @@ class MetadataLog:
                 snap = parse_json(snapshot_name(seq), data)
                 if entries and seq > entries[-1]:
                     continue   # claims a state after the newest entry: cannot be ours
-                if snapshot_verified(snap, seq, self._entry_bytes(seq)):
-                    return ClusterState.from_snapshot(snap)
+                if snaps.verified(snap, seq, self._entry_bytes(seq)):
+                    return snaps.load(self.storage, LOG_DIR, snap)
                 if isinstance(snap, dict) and snap.get("version") == 1 \
                         and not replayable_from_zero and snap.get("seq") == seq:
-                    return ClusterState.from_snapshot(snap)
+                    return snaps.load(self.storage, LOG_DIR, snap)
             except (CorruptRecordError, StorageNotFoundError):
                 continue   # fall back to an older one
         if not replayable_from_zero:
@@ -127,7 +130,8 @@ class MetadataLog:
                     f"metadata log: entries {state.seq + 1:020d}.json to "
                     f"{entries[0] - 1:020d}.json are missing and no snapshot covers them; run "
                     "`kafkalog --cluster URL metadata --verify`")
-        state = state.copy() if state is self._state else state
+        if state is self._state and entries and entries[-1] > state.seq:
+            state = state.copy()   # whoever holds the cached state keeps it as it was
         for seq in entries:
             if seq > state.seq:
                 self._catch_up(state, seq)
@@ -158,14 +162,16 @@ class MetadataLog:
 
     # -- appending ----------------------------------------------------------------------------
 
-    def append(self, actions: List[dict], *, timestamp_ms: Optional[int] = None
+    def append(self, actions: List[Action], *, timestamp_ms: Optional[int] = None
                ) -> Tuple[int, ClusterState]:
-        """Append one entry holding ``actions``; returns its number and the state after it.
-
-        The caller reads its actions' outcomes from ``state.results[seq]``.
-        """
+        """Append one entry holding ``actions`` (typed, ``actions.py``; JSON objects only in
+        tests that write malformed ones on purpose); returns its number and the state after
+        it. The caller reads its actions' outcomes from ``state.results[seq]``. A client that
+        lacks a writer feature the cluster uses refuses here, before writing anything."""
+        actions = [a.to_json() if isinstance(a, Action) else a for a in actions]
         state = self.state()
         for _attempt in range(MAX_APPEND_ATTEMPTS):
+            check_writable(state.writer_features, "append to the metadata log")
             seq = state.seq + 1
             entry = {"version": 1, "writer": self.writer_id,
                      "timestamp": self.now_ms() if timestamp_ms is None else timestamp_ms,
@@ -189,14 +195,12 @@ class MetadataLog:
     def _maybe_snapshot(self, state: ClusterState) -> None:
         if self.snapshot_interval <= 0 or state.seq % self.snapshot_interval:
             return
+        if state.unwritable_features():
+            return
         entry = self._entry_bytes(state.seq)
         if entry is None:
             return
-        data = seal_snapshot(state.to_snapshot(), entry)
-        try:
-            self.storage.create_if_absent(snapshot_name(state.seq), data)
-        except AlreadyExistsError:
-            pass
+        snaps.write(self.storage, LOG_DIR, snapshot_name(state.seq), state, entry)
 
     def cleanup(self, *, min_age_ms: int = 3_600_000) -> List[str]:
         """Delete entries and snapshots older than the second-newest snapshot (and old enough)."""
@@ -214,6 +218,21 @@ class MetadataLog:
             if seq < keep_from and self._old_enough(snapshot_name(seq), now, min_age_ms):
                 self.storage.delete(snapshot_name(seq))
                 removed.append(snapshot_name(seq))
+        # parts no kept snapshot names (a part is immutable and shared by many snapshots)
+        kept = set()
+        for seq in snapshots:
+            if seq >= keep_from:
+                try:
+                    kept |= snaps.referenced_parts(self._read_json(snapshot_name(seq)))
+                except (CorruptRecordError, StorageNotFoundError):
+                    return removed   # cannot tell what is still needed: keep every part
+        part_dir = f"{LOG_DIR}/parts"
+        for info in self.storage.list(part_dir):
+            h = info.name[:-5] if info.name.endswith(".json") else None
+            path = f"{part_dir}/{info.name}"
+            if h and h not in kept and self._old_enough(path, now, min_age_ms):
+                self.storage.delete(path)
+                removed.append(path)
         return removed
 
     def _old_enough(self, path: str, now: float, min_age_ms: int) -> bool:
@@ -228,30 +247,3 @@ def parse_json(path: str, data: bytes):
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptRecordError(f"{path} is not valid JSON: {exc}") from None
-
-
-def _digest(body: dict) -> str:
-    return hashlib.sha256(json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
-                          ).hexdigest()
-
-
-def seal_snapshot(snapshot: dict, entry_bytes: bytes) -> bytes:
-    """A snapshot that can prove itself: the hash of the entry it follows, and a checksum of
-    everything in it."""
-    body = dict(snapshot, entry_sha256=hashlib.sha256(entry_bytes).hexdigest())
-    body["checksum"] = _digest(body)
-    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
-
-
-def snapshot_verified(snap, seq: int, entry_bytes: Optional[bytes]) -> bool:
-    """Version 2, its checksum matches, its seq is its file's, and the entry it follows (when
-    that is still on storage) is the one it was made from."""
-    if not isinstance(snap, dict) or snap.get("version") != 2 or snap.get("seq") != seq:
-        return False
-    body = {k: v for k, v in snap.items() if k != "checksum"}
-    if snap.get("checksum") != _digest(body):
-        return False
-    if entry_bytes is not None and \
-            snap.get("entry_sha256") != hashlib.sha256(entry_bytes).hexdigest():
-        return False
-    return True

@@ -20,6 +20,7 @@ from ..format.partitioner import RoundRobin, partition_for_key
 from ..format.records import LOG_APPEND_TIME, Record
 from ..log.segment_spool import SegmentSpool
 from ..log.segment_writer import run_all, write_segments
+from . import actions as A
 from .checkpoints import sync_checkpoints
 from .state import split_key, tp_key
 
@@ -128,11 +129,10 @@ class Producer:
         cluster.abort_expired(state)   # dead writers must not hold the high watermark for long
         txn = uuid.uuid4().hex
         counts = {tp_key(*tp): span(b) for tp, b in batches.items()}
-        result = cluster.submit_one({"op": "reserve", "txn": txn,
-                                     "producer": cluster.metalog.writer_id,
-                                     "timeout_ms": self.timeout_ms,
-                                     "principal": cluster.principal, "partitions": counts})
-        pending = PendingWrite(txn, result["ranges"])
+        result = cluster.submit_one(A.Reserve(txn=txn, producer=cluster.metalog.writer_id,
+                                              timeout_ms=self.timeout_ms,
+                                              principal=cluster.principal, partitions=counts))
+        pending = PendingWrite(txn, result.ranges)
         state = cluster.state(refresh=False)
         now = cluster.now_ms()
         jobs = []
@@ -183,19 +183,19 @@ class Producer:
         if not pending:
             return
         cluster = self.cluster
-        _, state, results = cluster.submit([{"op": "commit", "txns": [p.txn for p in pending]}])
+        _, state, results = cluster.submit([A.Commit(txns=[p.txn for p in pending])])
         result = results[0]
-        if result.get("error") != "NONE":
+        if not result.ok:
             self._try_abort(pending)
-            raise error_for(result["error"], result.get("message", ""))
+            raise error_for(result.error, result.message)
         tps = sorted({split_key(k) for p in pending for k in p.ranges})
         sync_checkpoints(cluster, state, tps)
 
     def abort(self, pending: Iterable[PendingWrite]) -> None:
         pending = list(pending)
         if pending:
-            self.cluster.submit([{"op": "abort", "txns": [p.txn for p in pending],
-                                  "reason": "aborted by writer"}])
+            self.cluster.submit([A.Abort(txns=[p.txn for p in pending],
+                                         reason="aborted by writer")])
             self._delete_files(pending)
 
     def _try_abort(self, pending: List[PendingWrite]) -> None:

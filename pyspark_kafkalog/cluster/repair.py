@@ -425,6 +425,7 @@ def repair(cluster, topic: str, partition: Optional[int] = None, *, dry_run: boo
     parts = range(info["partitions"]) if partition is None else [partition]
     planned = [_plan_partition(cluster, state, topic, p, dry_run) for p in parts]
     if not dry_run:
+        cluster.check_writable(state)
         for _, work in planned:
             _apply(work)
     return [result for result, _ in planned]

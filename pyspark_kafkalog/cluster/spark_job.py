@@ -15,7 +15,7 @@ fails and kills the others asynchronously), so an attempt can reserve *after* th
 alone, that reservation would hold back its partitions' high watermark until it expires
 (``transaction.timeout.ms``). The driver therefore (1) creates the job's *decision marker*
 ``_kafkalog/jobs/<job>.json`` (create-if-absent), (2) appends the decision entry (its actions
-carry the job id in ``JOB_FIELD``, which replay ignores), (3) replays and aborts any job
+carry the job id in their ``spark_job`` field, which replay ignores), (3) replays and aborts any job
 reservation it had not seen. A task, after reserving and writing, aborts its own write if the
 marker exists. A reservation whose task checked before (1) was appended before (3) replayed, so
 (3) aborts it; a task that checked after (1) aborts itself. Only an attempt that dies between
@@ -32,6 +32,7 @@ from typing import Dict, Iterable, List, Optional
 
 from ..errors import (FencedLeaderEpochError, InvalidConfigError, KafkaLogError,
                       TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_for)
+from . import actions as A
 from .checkpoints import sync_checkpoints
 from .cluster import CLUSTER_FILE, Cluster
 from .producer import PendingWrite, Producer
@@ -39,7 +40,6 @@ from .state import split_key
 
 PRODUCER_PREFIX = "spark-job:"
 #: tag on the driver's commit/abort actions: the job (producer id) they decide
-JOB_FIELD = "spark_job"
 JOBS_DIR = "_kafkalog/jobs"
 MARKER_MAX_AGE_S = 24 * 3600
 SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
@@ -159,11 +159,10 @@ def abort_writes(cluster: Cluster, pending: List[PendingWrite], producer: str,
     txns = list(dict.fromkeys([p.txn for p in pending] + sorted(stale or {})))
     if not txns:
         return []
-    _, state, results = cluster.submit([{"op": "abort", "txns": txns, JOB_FIELD: producer,
-                                         "reason": reason}])
+    _, state, results = cluster.submit([A.Abort(txns=txns, spark_job=producer, reason=reason)])
     res = results[0]
-    gone = set(res.get("aborted", [])) | {t for t, o in (res.get("skipped") or {}).items()
-                                           if o == "aborted"}
+    gone = set(getattr(res, "aborted", [])) | {t for t, o in getattr(res, "skipped", {}).items()
+                                               if o == "aborted"}
     Producer(cluster)._delete_files([p for p in pending if p.txn in gone])
     _delete_ranges(cluster, state, {t: i for t, i in (stale or {}).items() if t in gone})
     return sorted(gone)
@@ -185,18 +184,18 @@ def commit_job(cluster: Cluster, pending: List[PendingWrite], producer: str) -> 
     txns = list(dict.fromkeys(p.txn for p in pending))
     state = cluster.state()
     stale = _job_txns(state, producer, txns)
-    actions = [{"op": "commit", "txns": txns, JOB_FIELD: producer}] if txns else []
+    actions = [A.Commit(txns=txns, spark_job=producer)] if txns else []
     if stale:
-        actions.append({"op": "abort", "txns": sorted(stale), JOB_FIELD: producer,
-                        "reason": "spark task attempt not committed by its job"})
+        actions.append(A.Abort(txns=sorted(stale), spark_job=producer,
+                               reason="spark task attempt not committed by its job"))
     if not actions:     # an empty job: nothing to decide but late attempts
         _sweep_late(cluster, producer, ())
         return
     _, new_state, results = cluster.submit(actions)
-    if txns and results[0].get("error", "NONE") != "NONE":
+    if txns and not results[0].ok:
         abort_writes(cluster, pending, producer, "spark job commit rejected")
         _sweep_late(cluster, producer, txns + sorted(stale))
-        err = error_for(results[0]["error"], results[0].get("message", ""))
+        err = error_for(results[0].error, results[0].message)
         if isinstance(err, FencedLeaderEpochError):
             raise FencedLeaderEpochError(
                 f"the job could not be committed, nothing of it is visible: {err}. A task's "

@@ -4,171 +4,40 @@ Every action is validated against the state at its point in the log; invalid act
 with an error result, so two processes that read the same entries always agree, and a writer
 learns the fate of its own actions by replaying to its own entry (docs/protocol.md, §2-§6).
 Only the entry's own timestamp is used as "now", never the replaying process's clock.
+
+Cost follows the change, not the cluster: :meth:`ClusterState.copy` shares every partition,
+topic and transaction with the original and copies only the dicts that index them; a handler
+takes a private copy of what it changes (``_partition_w``, ``_topic_w``, ...). The state also
+records which snapshot parts changed since its base (``dirty``), so a snapshot rewrites only
+those (``snapshots.py``).
 """
 from __future__ import annotations
 
-import bisect
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set
 
-from ..errors import (CorruptRecordError, InvalidConfigError, InvalidTopicError, KafkaLogError,
+from ..errors import (CorruptRecordError, InvalidConfigError, InvalidTopicError,
                       UnsupportedVersionError)
 from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
-from .action_fields import check_action, check_entry, check_snapshot
+from . import actions as A
+from .features import check_readable, unknown_features
+from .partition_state import PartitionState, split_key, tp_key
+from .snapshot_shape import check_snapshot
 
-MAX_DECIDED_TXNS = 100_000
+__all__ = ["ClusterState", "PartitionState", "tp_key", "split_key", "OK", "chunk_of",
+           "PARTITIONS_PER_PART"]
+
+MAX_DECIDED_TXNS = 10_000
 MAX_DELETED_TOPICS = 100_000
 MAX_KEPT_RESULTS = 256
 SNAPSHOT_VERSION = 2
+PARTITIONS_PER_PART = 1024
 
-OK = "NONE"
-
-
-def tp_key(topic: str, partition: int) -> str:
-    return f"{topic}:{partition}"
+OK = A.OK
 
 
-def split_key(key: str) -> Tuple[str, int]:
-    topic, _, part = key.rpartition(":")
-    return topic, int(part)
-
-
-def _err(name: str, message: str = "") -> dict:
-    return {"error": name, "message": message}
-
-
-class PartitionState:
-    """Offsets of one partition. Ranges are ``[start, end, leader_epoch]``, end exclusive."""
-
-    __slots__ = ("next_offset", "log_start_offset", "leader_epoch", "last_producer", "open",
-                 "committed", "aborted")
-
-    def __init__(self, next_offset: int = 0, log_start_offset: int = 0, leader_epoch: int = -1,
-                 last_producer: Optional[str] = None, open_: Optional[dict] = None,
-                 committed: Optional[list] = None, aborted: Optional[list] = None):
-        self.next_offset = next_offset
-        self.log_start_offset = log_start_offset
-        self.leader_epoch = leader_epoch
-        self.last_producer = last_producer
-        self.open: Dict[str, list] = open_ or {}          # txn -> [start, end, epoch]
-        self.committed: List[list] = committed or []      # sorted, merged
-        # [start, end) of aborted reservations at or above the log start offset, sorted and
-        # merged: cleanup deletes a segment only on this positive evidence (or the log start
-        # offset), never because a range is merely absent from ``committed``
-        self.aborted: List[list] = [] if aborted is None else aborted
-
-    @property
-    def high_watermark(self) -> int:
-        """Start of the lowest open reservation: the HW moves only over resolved writes."""
-        if self.open:
-            return min(r[0] for r in self.open.values())
-        return self.next_offset
-
-    def visible_ranges(self) -> List[Tuple[int, int, int]]:
-        """Committed ``(start, end, epoch)`` clipped to ``[log start offset, high watermark)``."""
-        lo, hi = self.log_start_offset, self.high_watermark
-        out = []
-        for start, end, epoch in self.committed:
-            s, e = max(start, lo), min(end, hi)
-            if s < e:
-                out.append((s, e, epoch))
-        return out
-
-    def is_visible(self, offset: int) -> bool:
-        if not (self.log_start_offset <= offset < self.high_watermark):
-            return False
-        i = bisect.bisect_right([r[0] for r in self.committed], offset) - 1
-        return i >= 0 and offset < self.committed[i][1]
-
-    def next_visible_offset(self, offset: int) -> Optional[int]:
-        """The first offset >= ``offset`` holding a visible record, or None if none is left."""
-        offset = max(offset, self.log_start_offset)
-        for start, end, _ in self.committed:
-            if end > offset:
-                first = max(start, offset)
-                return first if first < self.high_watermark else None
-        return None
-
-    def segment_visible(self, base_offset: int) -> bool:
-        """Readers may open a segment iff it starts in a committed range below the high
-        watermark. Segments never span reservations, so the base decides the whole file; one
-        that starts below the log start offset but reaches past it stays readable."""
-        if base_offset >= self.high_watermark:
-            return False
-        i = bisect.bisect_right([r[0] for r in self.committed], base_offset) - 1
-        return i >= 0 and base_offset < self.committed[i][1]
-
-    def is_committed(self, offset: int) -> bool:
-        """Committed data, whether or not an older open reservation still holds the high
-        watermark below it: committed is not the same as visible (docs/protocol.md §7)."""
-        i = bisect.bisect_right([r[0] for r in self.committed], offset) - 1
-        return i >= 0 and offset < self.committed[i][1]
-
-    def in_open_range(self, offset: int) -> bool:
-        return any(r[0] <= offset < r[1] for r in self.open.values())
-
-    def is_aborted(self, offset: int) -> bool:
-        i = bisect.bisect_right([r[0] for r in self.aborted], offset) - 1
-        return i >= 0 and offset < self.aborted[i][1]
-
-    def add_aborted(self, start: int, end: int) -> None:
-        if end <= self.log_start_offset:
-            return
-        ranges = sorted(self.aborted + [[max(start, self.log_start_offset), end]])
-        merged: List[list] = []
-        for r in ranges:
-            if merged and merged[-1][1] >= r[0]:
-                merged[-1][1] = max(merged[-1][1], r[1])
-            else:
-                merged.append(list(r))
-        self.aborted = merged
-
-    def segment_visible_uncommitted(self, base_offset: int) -> bool:
-        """read_uncommitted also shows the data of open (undecided) writes."""
-        return (self.segment_visible(base_offset)
-                or any(r[0] <= base_offset < r[1] for r in self.open.values()))
-
-    def add_committed(self, start: int, end: int, epoch: int) -> None:
-        starts = [r[0] for r in self.committed]
-        i = bisect.bisect_left(starts, start)
-        self.committed.insert(i, [start, end, epoch])
-        merged: List[list] = []
-        for r in self.committed:
-            if merged and merged[-1][1] == r[0] and merged[-1][2] == r[2]:
-                merged[-1][1] = r[1]
-            else:
-                merged.append(r)
-        self.committed = merged
-
-    def leader_epoch_entries(self) -> List[Tuple[int, int]]:
-        """``(epoch, start offset)`` for committed data, as ``leader-epoch-checkpoint`` has them."""
-        out: List[Tuple[int, int]] = []
-        for start, end, epoch in self.visible_ranges():
-            if not out or epoch > out[-1][0]:
-                out.append((epoch, start))
-        return out
-
-    def to_json(self) -> dict:
-        return {"next_offset": self.next_offset, "log_start_offset": self.log_start_offset,
-                "leader_epoch": self.leader_epoch, "last_producer": self.last_producer,
-                "open": self.open, "committed": self.committed, "aborted": self.aborted}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "PartitionState":
-        return cls(d["next_offset"], d["log_start_offset"], d["leader_epoch"],
-                   d.get("last_producer"), {k: list(r) for k, r in (d.get("open") or {}).items()},
-                   [list(r) for r in d.get("committed") or []],
-                   [list(r) for r in d.get("aborted") or []])
-
-
-def _plain(obj):
-    """A copy of JSON-shaped data: dicts and lists copied all the way down, the rest shared
-    (str, int, float, bool, None and tuples are immutable)."""
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_plain(v) for v in obj]
-    return obj
+def chunk_of(partition: int) -> int:
+    return partition // PARTITIONS_PER_PART
 
 
 class ClusterState:
@@ -181,43 +50,120 @@ class ClusterState:
         self.decided: Dict[str, str] = {}          # txn -> "committed" | "aborted" (bounded)
         self.acls: List[dict] = []
         self.deleted_topics: Dict[str, str] = {}   # topic id -> name (bounded)
-        self.results: Dict[int, List[dict]] = {}   # seq -> per-action results (not persisted)
+        self.reader_features: List[str] = []
+        self.writer_features: List[str] = []
+        self.results: Dict[int, List[A.Result]] = {}   # seq -> per-action results (in memory)
+        # snapshot parts of the base this state was loaded from, and what changed since
+        self.parts: Dict[str, str] = {}            # part id -> content hash
+        self.dirty: Optional[Set[str]] = None      # None: everything (no base to reuse)
+        # copy-on-write bookkeeping: what this state may change in place (None: everything)
+        self._own_partitions: Optional[Set[str]] = None
+        self._own_topics: Optional[Set[str]] = None
+        self._own_txns: Optional[Set[str]] = None
+        self._own_decided = self._own_acls = self._own_deleted = True
+
+    # -- copy-on-write ------------------------------------------------------------------------
+
+    def copy(self) -> "ClusterState":
+        """A state that can replay further without changing this one. O(number of keys) in
+        C-level dict copies, no per-partition work: partitions, topics and transactions are
+        shared until one of the two changes them."""
+        c = ClusterState.__new__(ClusterState)
+        c.seq, c.timestamp = self.seq, self.timestamp
+        c.topics, c.partitions, c.txns = dict(self.topics), dict(self.partitions), dict(self.txns)
+        c.decided, c.acls, c.deleted_topics = self.decided, self.acls, self.deleted_topics
+        c.reader_features, c.writer_features = list(self.reader_features), list(self.writer_features)
+        c.results = dict(self.results)
+        c.parts = self.parts
+        c.dirty = None if self.dirty is None else set(self.dirty)
+        c._own_partitions, c._own_topics, c._own_txns = set(), set(), set()
+        c._own_decided = c._own_acls = c._own_deleted = False
+        # the original must not change what it now shares either
+        self._own_partitions, self._own_topics, self._own_txns = set(), set(), set()
+        self._own_decided = self._own_acls = self._own_deleted = False
+        return c
+
+    def _mark(self, part: str) -> None:
+        if self.dirty is not None:
+            self.dirty.add(part)
+
+    def _partition_w(self, key: str) -> PartitionState:
+        if self._own_partitions is not None and key not in self._own_partitions:
+            self.partitions[key] = self.partitions[key].clone()
+            self._own_partitions.add(key)
+        topic, p = split_key(key)
+        self._mark(f"p/{topic}/{chunk_of(p)}")
+        return self.partitions[key]
+
+    def _new_partition(self, key: str) -> None:
+        self.partitions[key] = PartitionState()
+        if self._own_partitions is not None:
+            self._own_partitions.add(key)
+        topic, p = split_key(key)
+        self._mark(f"p/{topic}/{chunk_of(p)}")
+
+    def _topic_w(self, topic: str) -> dict:
+        if self._own_topics is not None and topic not in self._own_topics:
+            info = self.topics[topic]
+            self.topics[topic] = dict(info, configs=dict(info["configs"]),
+                                      replicas=list(info["replicas"]))
+            self._own_topics.add(topic)
+        self._mark(f"t/{topic}")
+        return self.topics[topic]
+
+    def _txn_w(self, txn: str) -> dict:
+        if self._own_txns is not None and txn not in self._own_txns:
+            info = self.txns[txn]
+            self.txns[txn] = dict(info, ranges=dict(info["ranges"]))
+            self._own_txns.add(txn)
+        return self.txns[txn]
+
+    def _decided_w(self) -> Dict[str, str]:
+        if not self._own_decided:
+            self.decided, self._own_decided = dict(self.decided), True
+        return self.decided
+
+    def _acls_w(self) -> List[dict]:
+        if not self._own_acls:
+            self.acls, self._own_acls = [dict(a) for a in self.acls], True
+        return self.acls
+
+    def _deleted_w(self) -> Dict[str, str]:
+        if not self._own_deleted:
+            self.deleted_topics, self._own_deleted = dict(self.deleted_topics), True
+        return self.deleted_topics
 
     # -- persistence --------------------------------------------------------------------------
 
-    def copy(self) -> "ClusterState":
-        """An independent copy. The state is JSON-shaped (dicts, lists, scalars), so a plain
-        recursive copy does what ``copy.deepcopy`` did, without its memo: several times
-        faster, and every write task copies the state a few times."""
-        c = ClusterState()
-        c.seq, c.timestamp = self.seq, self.timestamp
-        c.topics, c.txns, c.decided = _plain(self.topics), _plain(self.txns), dict(self.decided)
-        c.acls, c.results = _plain(self.acls), _plain(self.results)
-        c.deleted_topics = dict(self.deleted_topics)
-        c.partitions = {k: PartitionState(p.next_offset, p.log_start_offset, p.leader_epoch,
-                                          p.last_producer, _plain(p.open), _plain(p.committed),
-                                          _plain(p.aborted))
-                        for k, p in self.partitions.items()}
-        return c
-
     def to_snapshot(self) -> dict:
+        """The whole state as one JSON object (a flat snapshot; also how jobs ship a state to
+        Spark executors)."""
         return {"version": SNAPSHOT_VERSION, "seq": self.seq, "timestamp": self.timestamp,
                 "topics": self.topics,
                 "partitions": {k: p.to_json() for k, p in self.partitions.items()},
                 "txns": self.txns, "decided": self.decided, "acls": self.acls,
-                "deleted_topics": self.deleted_topics}
+                "deleted_topics": self.deleted_topics,
+                "reader_features": self.reader_features,
+                "writer_features": self.writer_features}
 
     @classmethod
     def from_snapshot(cls, d) -> "ClusterState":
-        """The state a snapshot holds, after checking its whole shape: a snapshot is derived
-        data, so one that does not hold together raises CorruptRecordError and the caller falls
-        back to an older one (or to entry 0) instead of acting on it."""
+        """The state a flat snapshot holds, after checking its whole shape: a snapshot is
+        derived data, so one that does not hold together raises CorruptRecordError and the
+        caller falls back to an older one (or to entry 0) instead of acting on it. A snapshot
+        that needs a reader feature this client lacks raises UnsupportedVersionError."""
         check_snapshot(d)
         s = cls()
         s.seq, s.timestamp = d["seq"], d["timestamp"]
-        s.topics = _plain(d["topics"])
+        s.reader_features = list(d.get("reader_features") or [])
+        s.writer_features = list(d.get("writer_features") or [])
+        check_readable(s.reader_features, f"snapshot at {s.seq}")
+        s.topics = {t: dict(info, configs=dict(info["configs"]), replicas=list(info["replicas"]))
+                    for t, info in d["topics"].items()}
         s.partitions = {k: PartitionState.from_json(v) for k, v in d["partitions"].items()}
-        s.txns, s.decided, s.acls = _plain(d["txns"]), dict(d["decided"]), _plain(d["acls"])
+        s.txns = {t: dict(info, ranges={k: list(r) for k, r in info["ranges"].items()})
+                  for t, info in d["txns"].items()}
+        s.decided, s.acls = dict(d["decided"]), [dict(a) for a in d["acls"]]
         s.deleted_topics = dict(d.get("deleted_topics") or {})
         return s
 
@@ -249,249 +195,318 @@ class ClusterState:
             return False
         return any(a["permission"] == "ALLOW" for a in matches)
 
+    def unwritable_features(self) -> List[str]:
+        """Writer features the cluster uses that this client does not know: it must not write."""
+        return unknown_features(self.writer_features, "writer")
+
     # -- replay -------------------------------------------------------------------------------
 
     def apply(self, seq: int, entry) -> None:
-        """Replay one entry. An entry that is not an entry at all (not an object, no integer
-        timestamp, no list of actions) stops the replay with CorruptRecordError naming it; an
-        entry of an unknown version with UnsupportedVersionError: guessing would let this
-        process compute another state than its peers. An action whose fields do not have their
-        types is rejected whole before anything changes (INVALID_REQUEST), so no action is ever
-        half applied."""
+        """Replay one entry (docs/protocol.md §2). An entry that is not an entry at all stops
+        the replay with CorruptRecordError naming it, one of an unknown version or holding an
+        action (or field) this client does not know with UnsupportedVersionError: guessing
+        would let this process compute another state than its peers. A known action whose
+        fields do not have their types is rejected whole before anything changes."""
         if seq != self.seq + 1:
             raise ValueError(f"entry {seq} applied to state at {self.seq}")
-        problem = check_entry(entry)
+        where = f"metadata entry {seq:020d}.json"
+        problem = A.check_entry(entry)
         if problem is not None:
             error = UnsupportedVersionError if problem.startswith("version") else CorruptRecordError
-            raise error(f"metadata entry {seq:020d}.json: {problem}; replay stops here (see "
-                        "`kafkalog --cluster URL metadata --verify`)")
-        ts = entry["timestamp"]
-        results = []
-        for action in entry["actions"]:
-            op = action.get("op") if isinstance(action, dict) else None
-            handler = getattr(self, f"_do_{op}", None) if isinstance(op, str) else None
-            if handler is None:
-                results.append(_err("INVALID_REQUEST", f"unknown action {op!r}"))
-                continue
-            bad = check_action(op, action)
-            if bad is not None:
-                results.append(_err("INVALID_REQUEST", f"malformed {op} action: {bad}"))
-                continue
+            raise error(f"{where}: {problem}; replay stops here (see `kafkalog --cluster URL "
+                        "metadata --verify`)")
+        parsed = []
+        declared = set()      # writer features this entry turns on before a later action
+        for i, raw in enumerate(entry["actions"]):
             try:
-                results.append(handler(action, ts))
-            except KafkaLogError as exc:
-                results.append(_err(exc.error_name, str(exc)))
+                parsed.append(A.parse_action(raw))
+                if isinstance(parsed[-1], A.EnableFeatures):
+                    declared.update(parsed[-1].writer_features)
+            except A.UnknownActionError as exc:
+                if self._writer_only(raw, declared):
+                    parsed.append(None)   # a writer-only feature's action: readers skip it
+                    continue
+                raise UnsupportedVersionError(
+                    f"{where}, action {i}: {exc}; this client is too old for this cluster "
+                    "(upgrade pyspark-kafkalog)") from None
+            except A.ActionFieldError as exc:
+                parsed.append(A.error("INVALID_REQUEST",
+                                      f"malformed {raw.get('op') if isinstance(raw, dict) else ''}"
+                                      f" action: {exc}"))
+        ts = entry["timestamp"]
+        results: List[A.Result] = []
+        for action in parsed:
+            if action is None:
+                results.append(A.error("UNSUPPORTED_VERSION", "skipped: a writer feature's "
+                                       "action this client does not know"))
+            elif isinstance(action, A.Result):
+                results.append(action)
+            else:
+                results.append(HANDLERS[type(action)](self, action, ts))
         self.seq, self.timestamp = seq, max(self.timestamp, ts)
         self.results[seq] = results
         if len(self.results) > MAX_KEPT_RESULTS:
             for old in sorted(self.results)[:-MAX_KEPT_RESULTS]:
                 del self.results[old]
 
-    def _do_create_topic(self, a: dict, ts: int) -> dict:
-        topic = a["topic"]
+    def _writer_only(self, raw, declared=()) -> bool:
+        feature = raw.get("feature") if isinstance(raw, dict) else None
+        return (isinstance(feature, str)
+                and (feature in self.writer_features or feature in declared)
+                and feature not in self.reader_features)
+
+    def _create_topic(self, a: A.CreateTopic, ts: int) -> A.Result:
+        topic = a.topic
         try:
             validate_topic_name(topic)
         except InvalidTopicError as exc:
-            return _err("INVALID_TOPIC_EXCEPTION", str(exc))
+            return A.error("INVALID_TOPIC_EXCEPTION", str(exc))
         if topic in self.topics:
-            return _err("TOPIC_ALREADY_EXISTS", f"topic {topic!r} already exists")
+            return A.error("TOPIC_ALREADY_EXISTS", f"topic {topic!r} already exists")
         collides = colliding_topics(topic, self.topics)
         if collides:
-            return _err("INVALID_TOPIC_EXCEPTION", f"topic {topic!r} collides with existing "
-                        f"topic {', '.join(map(repr, collides))}: '.' and '_' give the same "
-                        "metric names (Kafka's Topic.hasCollision)")
-        n = int(a["partitions"])
+            return A.error("INVALID_TOPIC_EXCEPTION", f"topic {topic!r} collides with existing "
+                           f"topic {', '.join(map(repr, collides))}: '.' and '_' give the same "
+                           "metric names (Kafka's Topic.hasCollision)")
+        n = a.partitions
         if n < 1:
-            return _err("INVALID_PARTITIONS", "a topic needs at least one partition")
-        replicas = a["replicas"]
-        if len(replicas) != n or any(not r for r in replicas):
-            return _err("INVALID_REPLICA_ASSIGNMENT", "one non-empty replica list per partition")
+            return A.error("INVALID_PARTITIONS", "a topic needs at least one partition")
+        if len(a.replicas) != n or any(not r for r in a.replicas):
+            return A.error("INVALID_REPLICA_ASSIGNMENT",
+                           "one non-empty replica list per partition")
         try:
-            LogConfig.from_properties(a.get("configs") or {})
+            LogConfig.from_properties(a.configs)
         except InvalidConfigError as exc:
-            return _err("INVALID_CONFIG", str(exc))
-        self.topics[topic] = {"topic_id": a["topic_id"], "partitions": n, "replicas": replicas,
-                              "configs": dict(a.get("configs") or {}), "created": ts}
+            return A.error("INVALID_CONFIG", str(exc))
+        self.topics[topic] = {"topic_id": a.topic_id, "partitions": n,
+                              "replicas": [list(r) for r in a.replicas],
+                              "configs": dict(a.configs), "created": ts}
+        if self._own_topics is not None:
+            self._own_topics.add(topic)
+        self._mark(f"t/{topic}")
         for p in range(n):
-            self.partitions[tp_key(topic, p)] = PartitionState()
-        return {"error": OK}
+            self._new_partition(tp_key(topic, p))
+        return A.Result()
 
-    def _do_delete_topic(self, a: dict, ts: int) -> dict:
-        topic = a["topic"]
+    def _delete_topic(self, a: A.DeleteTopic, ts: int) -> A.Result:
+        topic = a.topic
         if topic not in self.topics:
-            return _err("UNKNOWN_TOPIC_OR_PARTITION", f"topic {topic!r} does not exist")
+            return A.error("UNKNOWN_TOPIC_OR_PARTITION", f"topic {topic!r} does not exist")
         info = self.topics.pop(topic)
-        self.deleted_topics[info["topic_id"]] = topic
-        if len(self.deleted_topics) > MAX_DELETED_TOPICS:
-            for old in list(self.deleted_topics)[:len(self.deleted_topics) - MAX_DELETED_TOPICS]:
-                del self.deleted_topics[old]
+        self._mark(f"t/{topic}")
+        deleted = self._deleted_w()
+        deleted[info["topic_id"]] = topic
+        if len(deleted) > MAX_DELETED_TOPICS:
+            for old in list(deleted)[:len(deleted) - MAX_DELETED_TOPICS]:
+                del deleted[old]
         for p in range(info["partitions"]):
             self.partitions.pop(tp_key(topic, p), None)
-        for txn in list(self.txns):
-            ranges = self.txns[txn]["ranges"]
+            self._mark(f"p/{topic}/{chunk_of(p)}")
+        prefix = topic + ":"
+        for txn in [t for t, i in self.txns.items()
+                    if any(k.startswith(prefix) and split_key(k)[0] == topic
+                           for k in i["ranges"])]:
+            ranges = self._txn_w(txn)["ranges"]
             for key in [k for k in ranges if split_key(k)[0] == topic]:
                 del ranges[key]
             if not ranges:
                 del self.txns[txn]
                 self._decide(txn, "aborted")
-        return {"error": OK, "topic_id": info["topic_id"]}
+        return A.DeleteTopicResult(topic_id=info["topic_id"])
 
-    def _do_alter_configs(self, a: dict, ts: int) -> dict:
-        topic = a["topic"]
+    def _alter_configs(self, a: A.AlterConfigs, ts: int) -> A.Result:
+        topic = a.topic
         if topic not in self.topics:
-            return _err("UNKNOWN_TOPIC_OR_PARTITION", f"topic {topic!r} does not exist")
+            return A.error("UNKNOWN_TOPIC_OR_PARTITION", f"topic {topic!r} does not exist")
         configs = dict(self.topics[topic]["configs"])
-        configs.update(a.get("set") or {})
-        for key in a.get("delete") or []:
+        configs.update(a.set)
+        for key in a.delete:
             configs.pop(key, None)
         try:
             LogConfig.from_properties(configs)
         except InvalidConfigError as exc:
-            return _err("INVALID_CONFIG", str(exc))
-        self.topics[topic]["configs"] = configs
-        return {"error": OK}
+            return A.error("INVALID_CONFIG", str(exc))
+        self._topic_w(topic)["configs"] = configs
+        return A.Result()
 
-    def _do_create_partitions(self, a: dict, ts: int) -> dict:
-        topic = a["topic"]
+    def _create_partitions(self, a: A.CreatePartitions, ts: int) -> A.Result:
+        topic = a.topic
         if topic not in self.topics:
-            return _err("UNKNOWN_TOPIC_OR_PARTITION", f"topic {topic!r} does not exist")
-        info = self.topics[topic]
-        total, replicas = int(a["total"]), a["replicas"]
-        if total <= info["partitions"]:
-            return _err("INVALID_PARTITIONS", f"topic {topic!r} already has "
-                        f"{info['partitions']} partitions; the new count must be larger")
-        if len(replicas) != total - info["partitions"]:
-            return _err("INVALID_REPLICA_ASSIGNMENT", "one replica list per new partition")
-        for p in range(info["partitions"], total):
-            self.partitions[tp_key(topic, p)] = PartitionState()
-        info["replicas"] = info["replicas"] + replicas
-        info["partitions"] = total
-        return {"error": OK}
+            return A.error("UNKNOWN_TOPIC_OR_PARTITION", f"topic {topic!r} does not exist")
+        current = self.topics[topic]["partitions"]
+        if a.total <= current:
+            return A.error("INVALID_PARTITIONS", f"topic {topic!r} already has {current} "
+                           "partitions; the new count must be larger")
+        if len(a.replicas) != a.total - current or any(not r for r in a.replicas):
+            return A.error("INVALID_REPLICA_ASSIGNMENT",
+                           "one non-empty replica list per new partition")
+        info = self._topic_w(topic)
+        for p in range(current, a.total):
+            self._new_partition(tp_key(topic, p))
+        info["replicas"] = info["replicas"] + [list(r) for r in a.replicas]
+        info["partitions"] = a.total
+        return A.Result()
 
-    def _do_reserve(self, a: dict, ts: int) -> dict:
-        txn, producer = a["txn"], a["producer"]
+    def _reserve(self, a: A.Reserve, ts: int) -> A.Result:
+        txn, producer = a.txn, a.producer
         if txn in self.txns or txn in self.decided:
-            return _err("INVALID_TXN_STATE", f"transaction {txn} already exists")
-        counts = a["partitions"]
-        if not counts:
-            return _err("INVALID_REQUEST", "a reservation needs at least one partition")
-        for key, count in counts.items():
+            return A.error("INVALID_TXN_STATE", f"transaction {txn} already exists")
+        if not a.partitions:
+            return A.error("INVALID_REQUEST", "a reservation needs at least one partition")
+        if a.timeout_ms < 0:
+            return A.error("INVALID_REQUEST", f"timeout_ms {a.timeout_ms} is negative")
+        for key, count in a.partitions.items():
             topic, _ = split_key(key)
             if key not in self.partitions:
-                return _err("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key}")
-            if not self.authorized(a.get("principal"), topic, "WRITE"):
-                return _err("TOPIC_AUTHORIZATION_FAILED",
-                            f"{a.get('principal')} may not write to {topic!r}")
-            if int(count) < 1:
-                return _err("INVALID_REQUEST", f"reservation of {count} offsets in {key}")
+                return A.error("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key}")
+            if not self.authorized(a.principal, topic, "WRITE"):
+                return A.error("TOPIC_AUTHORIZATION_FAILED",
+                               f"{a.principal} may not write to {topic!r}")
+            if count < 1:
+                return A.error("INVALID_REQUEST", f"reservation of {count} offsets in {key}")
         ranges = {}
-        for key, count in counts.items():
-            p = self.partitions[key]
+        for key, count in a.partitions.items():
+            p = self._partition_w(key)
             if p.last_producer != producer:
                 p.leader_epoch += 1
                 p.last_producer = producer
-            r = [p.next_offset, p.next_offset + int(count), p.leader_epoch]
+            r = [p.next_offset, p.next_offset + count, p.leader_epoch]
             p.next_offset = r[1]
             p.open[txn] = r
             ranges[key] = r
         # seq and timeout_ms let others judge expiry by the storage's clock (the entry's
         # server-side time), not by the writer's own, which may be wrong either way
-        self.txns[txn] = {"deadline": ts + int(a["timeout_ms"]), "producer": producer,
-                          "ranges": ranges, "seq": self.seq + 1,
-                          "timeout_ms": int(a["timeout_ms"])}
-        return {"error": OK, "ranges": ranges}
+        self.txns[txn] = {"deadline": ts + a.timeout_ms, "producer": producer,
+                          "ranges": ranges, "seq": self.seq + 1, "timeout_ms": a.timeout_ms}
+        if self._own_txns is not None:
+            self._own_txns.add(txn)
+        return A.ReserveResult(ranges={k: list(r) for k, r in ranges.items()})
 
-    def _do_commit(self, a: dict, ts: int) -> dict:
+    def _commit(self, a: A.Commit, ts: int) -> A.Result:
         """All listed txns commit together or none does (one unit, e.g. a Spark job)."""
-        txns = list(a["txns"])
-        for txn in txns:
+        for txn in a.txns:
             if txn in self.txns:
                 if ts > self.txns[txn]["deadline"]:
-                    return _err("FENCED_LEADER_EPOCH",
-                                f"transaction {txn} passed its deadline before this commit")
+                    return A.error("FENCED_LEADER_EPOCH",
+                                   f"transaction {txn} passed its deadline before this commit")
                 continue
-            state = self.decided.get(txn)
-            if state == "aborted":
-                return _err("FENCED_LEADER_EPOCH", f"transaction {txn} was aborted")
-            if state is None:
-                return _err("INVALID_TXN_STATE", f"unknown transaction {txn}")
-        for txn in txns:
+            outcome = self.decided.get(txn)
+            if outcome == "aborted":
+                return A.error("FENCED_LEADER_EPOCH", f"transaction {txn} was aborted")
+            if outcome is None:
+                return A.error("INVALID_TXN_STATE", f"unknown transaction {txn}")
+        for txn in a.txns:
             info = self.txns.pop(txn, None)
             if info is None:
                 continue   # already committed: commits are idempotent
             for key, (start, end, epoch) in info["ranges"].items():
-                p = self.partitions.get(key)
-                if p is not None:
+                if key in self.partitions:
+                    p = self._partition_w(key)
                     p.open.pop(txn, None)
                     p.add_committed(start, end, epoch)
             self._decide(txn, "committed")
-        return {"error": OK}
+        return A.Result()
 
-    def _do_abort(self, a: dict, ts: int) -> dict:
+    def _abort(self, a: A.Abort, ts: int) -> A.Result:
         aborted, skipped = [], {}
-        for txn in a["txns"]:
+        for txn in a.txns:
             info = self.txns.pop(txn, None)
             if info is None:
                 skipped[txn] = self.decided.get(txn, "unknown")
                 continue
             for key, (start, end, _epoch) in info["ranges"].items():
-                p = self.partitions.get(key)
-                if p is not None:
+                if key in self.partitions:
+                    p = self._partition_w(key)
                     p.open.pop(txn, None)
                     p.add_aborted(start, end)
             self._decide(txn, "aborted")
             aborted.append(txn)
-        return {"error": OK, "aborted": aborted, "skipped": skipped}
+        return A.AbortResult(aborted=aborted, skipped=skipped)
 
-    def _do_set_log_start(self, a: dict, ts: int) -> dict:
+    def _set_log_start(self, a: A.SetLogStart, ts: int) -> A.Result:
         """KIP-107: per partition a new low watermark or an error; valid ones all apply."""
-        out = {}
-        principal = a.get("principal")
-        for key, offset in a["partitions"].items():
+        out: Dict[str, A.LogStartResult] = {}
+        principal = a.principal
+        for key, offset in a.partitions.items():
             topic, _ = split_key(key)
             p = self.partitions.get(key)
             if p is None:
-                out[key] = _err("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key}")
+                out[key] = A.LogStartResult("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key}")
                 continue
-            expected_id = (a.get("topic_ids") or {}).get(topic)
+            expected_id = (a.topic_ids or {}).get(topic)
             if expected_id is not None and self.topics[topic]["topic_id"] != expected_id:
-                out[key] = _err("UNKNOWN_TOPIC_OR_PARTITION",
-                                f"topic {topic!r} was recreated (topic id changed)")
+                out[key] = A.LogStartResult("UNKNOWN_TOPIC_OR_PARTITION",
+                                            f"topic {topic!r} was recreated (topic id changed)")
                 continue
             if principal is not None and not self.authorized(principal, topic, "DELETE"):
-                out[key] = _err("TOPIC_AUTHORIZATION_FAILED",
-                                f"{principal} may not delete records of {topic!r}")
+                out[key] = A.LogStartResult("TOPIC_AUTHORIZATION_FAILED",
+                                            f"{principal} may not delete records of {topic!r}")
                 continue
-            offset = int(offset)
             hw = p.high_watermark
             if offset == -1:
                 offset = hw
             if offset < 0 or offset > hw:
-                out[key] = _err("OFFSET_OUT_OF_RANGE",
-                                f"offset {offset} is not between 0 and the high watermark {hw}")
+                out[key] = A.LogStartResult(
+                    "OFFSET_OUT_OF_RANGE",
+                    f"offset {offset} is not between 0 and the high watermark {hw}")
                 continue
             if offset > p.log_start_offset:
+                p = self._partition_w(key)
                 p.log_start_offset = offset
                 p.committed = [r for r in p.committed if r[1] > offset]
                 p.aborted = [[max(r[0], offset), r[1]] for r in p.aborted if r[1] > offset]
-            out[key] = {"error": OK, "low_watermark": p.log_start_offset}
-        return {"error": OK, "partitions": out}
+            out[key] = A.LogStartResult(low_watermark=p.log_start_offset)
+        return A.SetLogStartResult(partitions=out)
 
-    def _do_acl(self, a: dict, ts: int) -> dict:
-        for acl in a.get("add") or []:
+    def _acl(self, a: A.AclChange, ts: int) -> A.Result:
+        add = [{k: acl[k] for k in ("principal", "topic", "operation", "permission")}
+               for acl in a.add]
+        bad = [e for e in add if e["permission"] not in ("ALLOW", "DENY")]
+        if bad:
+            return A.error("INVALID_REQUEST", f"permission must be ALLOW or DENY: {bad[0]}")
+        acls = self._acls_w()
+        for entry in add:
+            if entry not in acls:
+                acls.append(entry)
+        for acl in a.remove:
             entry = {k: acl[k] for k in ("principal", "topic", "operation", "permission")}
-            if entry["permission"] not in ("ALLOW", "DENY"):
-                return _err("INVALID_REQUEST", f"permission must be ALLOW or DENY: {entry}")
-            if entry not in self.acls:
-                self.acls.append(entry)
-        for acl in a.get("remove") or []:
-            entry = {k: acl[k] for k in ("principal", "topic", "operation", "permission")}
-            if entry in self.acls:
-                self.acls.remove(entry)
-        return {"error": OK}
+            if entry in acls:
+                acls.remove(entry)
+        return A.Result()
+
+    def _protocol(self, a: A.EnableFeatures, ts: int) -> A.Result:
+        """Features are only ever added. A reader feature this client does not know stops the
+        replay (it cannot compute the state); an unknown writer feature is recorded, and this
+        client then refuses to write (``unwritable_features``)."""
+        check_readable(a.reader_features, f"metadata entry {self.seq + 1:020d}.json")
+        for f in a.reader_features:
+            if f not in self.reader_features:
+                self.reader_features.append(f)
+            if f not in self.writer_features:      # a reader feature binds writers too
+                self.writer_features.append(f)
+        for f in a.writer_features:
+            if f not in self.writer_features:
+                self.writer_features.append(f)
+        return A.Result()
 
     def _decide(self, txn: str, outcome: str) -> None:
-        self.decided[txn] = outcome
-        if len(self.decided) > MAX_DECIDED_TXNS:
-            for old in list(self.decided)[:len(self.decided) - MAX_DECIDED_TXNS]:
-                del self.decided[old]
+        decided = self._decided_w()
+        decided[txn] = outcome
+        if len(decided) > MAX_DECIDED_TXNS:
+            for old in list(decided)[:len(decided) - MAX_DECIDED_TXNS]:
+                del decided[old]
+
+
+HANDLERS = {
+    A.CreateTopic: ClusterState._create_topic,
+    A.DeleteTopic: ClusterState._delete_topic,
+    A.AlterConfigs: ClusterState._alter_configs,
+    A.CreatePartitions: ClusterState._create_partitions,
+    A.Reserve: ClusterState._reserve,
+    A.Commit: ClusterState._commit,
+    A.Abort: ClusterState._abort,
+    A.SetLogStart: ClusterState._set_log_start,
+    A.AclChange: ClusterState._acl,
+    A.EnableFeatures: ClusterState._protocol,
+}
+assert set(HANDLERS) == set(A.ACTIONS.values()), "every action needs a handler"

@@ -1,0 +1,50 @@
+"""Protocol features (docs/protocol.md §2.3), as Delta's reader and writer features.
+
+A cluster lists the features it uses in its metadata log (``protocol`` actions, only ever
+added, each an explicit operator step: ``kafkalog --cluster URL features --enable NAME``). A
+*reader feature* changes what a reader computes from the log: a client that does not know one
+refuses to read. A *writer feature* changes only what writers must do: a client that does not
+know one still reads, but refuses to write anything (entries, segments, snapshots, checkpoints).
+Either way it refuses with UNSUPPORTED_VERSION naming the feature, before it changes anything.
+
+This client knows the features in ``READER_FEATURES`` and ``WRITER_FEATURES``; a new action or a
+new field of an action ships together with the feature that gates it.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List
+
+from ..errors import UnsupportedVersionError
+
+#: name -> what it means; the features this client implements
+READER_FEATURES: Dict[str, str] = {}
+WRITER_FEATURES: Dict[str, str] = {}
+
+
+def known(kind: str) -> Dict[str, str]:
+    return READER_FEATURES if kind == "reader" else WRITER_FEATURES
+
+
+def unknown_features(features: Iterable[str], kind: str) -> List[str]:
+    """A writer must know every feature in the cluster's writer list, which also holds its
+    reader features (they bind writers too)."""
+    table = known(kind)
+    return sorted(f for f in features if f not in table
+                  and not (kind == "writer" and f in READER_FEATURES))
+
+
+def check_readable(reader_features: Iterable[str], where: str) -> None:
+    missing = unknown_features(reader_features, "reader")
+    if missing:
+        raise UnsupportedVersionError(
+            f"{where}: the cluster uses reader feature(s) {', '.join(missing)}, which this "
+            "client does not support; it cannot read this cluster (upgrade pyspark-kafkalog)")
+
+
+def check_writable(writer_features: Iterable[str], what: str = "write") -> None:
+    missing = unknown_features(writer_features, "writer")
+    if missing:
+        raise UnsupportedVersionError(
+            f"cannot {what}: the cluster uses writer feature(s) {', '.join(missing)}, which "
+            "this client does not support; it may read but not write (upgrade "
+            "pyspark-kafkalog)")

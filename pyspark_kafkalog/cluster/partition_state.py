@@ -1,0 +1,149 @@
+"""One partition's offsets in the replayed state: ranges reserved, committed and aborted, the
+log start offset and the leader epoch (docs/protocol.md §3-§5).
+
+Partition states are shared between successive cluster states (copy-on-write, see
+``state.ClusterState``): a handler that changes one first takes a private copy with
+:meth:`PartitionState.clone`, so a state someone still holds never changes under them.
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Dict, List, Optional, Tuple
+
+
+def tp_key(topic: str, partition: int) -> str:
+    return f"{topic}:{partition}"
+
+
+def split_key(key: str) -> Tuple[str, int]:
+    topic, _, part = key.rpartition(":")
+    return topic, int(part)
+
+
+class PartitionState:
+    """Offsets of one partition. Ranges are ``[start, end, leader_epoch]``, end exclusive."""
+
+    __slots__ = ("next_offset", "log_start_offset", "leader_epoch", "last_producer", "open",
+                 "committed", "aborted")
+
+    def __init__(self, next_offset: int = 0, log_start_offset: int = 0, leader_epoch: int = -1,
+                 last_producer: Optional[str] = None, open_: Optional[dict] = None,
+                 committed: Optional[list] = None, aborted: Optional[list] = None):
+        self.next_offset = next_offset
+        self.log_start_offset = log_start_offset
+        self.leader_epoch = leader_epoch
+        self.last_producer = last_producer
+        self.open: Dict[str, list] = open_ or {}          # txn -> [start, end, epoch]
+        self.committed: List[list] = committed or []      # sorted, merged
+        # [start, end) of aborted reservations at or above the log start offset, sorted and
+        # merged: cleanup deletes a segment only on this positive evidence (or the log start
+        # offset), never because a range is merely absent from ``committed``
+        self.aborted: List[list] = [] if aborted is None else aborted
+
+    @property
+    def high_watermark(self) -> int:
+        """Start of the lowest open reservation: the HW moves only over resolved writes."""
+        if self.open:
+            return min(r[0] for r in self.open.values())
+        return self.next_offset
+
+    def visible_ranges(self) -> List[Tuple[int, int, int]]:
+        """Committed ``(start, end, epoch)`` clipped to ``[log start offset, high watermark)``."""
+        lo, hi = self.log_start_offset, self.high_watermark
+        out = []
+        for start, end, epoch in self.committed:
+            s, e = max(start, lo), min(end, hi)
+            if s < e:
+                out.append((s, e, epoch))
+        return out
+
+    def is_visible(self, offset: int) -> bool:
+        if not (self.log_start_offset <= offset < self.high_watermark):
+            return False
+        i = bisect.bisect_right([r[0] for r in self.committed], offset) - 1
+        return i >= 0 and offset < self.committed[i][1]
+
+    def next_visible_offset(self, offset: int) -> Optional[int]:
+        """The first offset >= ``offset`` holding a visible record, or None if none is left."""
+        offset = max(offset, self.log_start_offset)
+        for start, end, _ in self.committed:
+            if end > offset:
+                first = max(start, offset)
+                return first if first < self.high_watermark else None
+        return None
+
+    def segment_visible(self, base_offset: int) -> bool:
+        """Readers may open a segment iff it starts in a committed range below the high
+        watermark. Segments never span reservations, so the base decides the whole file; one
+        that starts below the log start offset but reaches past it stays readable."""
+        if base_offset >= self.high_watermark:
+            return False
+        i = bisect.bisect_right([r[0] for r in self.committed], base_offset) - 1
+        return i >= 0 and base_offset < self.committed[i][1]
+
+    def is_committed(self, offset: int) -> bool:
+        """Committed data, whether or not an older open reservation still holds the high
+        watermark below it: committed is not the same as visible (docs/protocol.md §7)."""
+        i = bisect.bisect_right([r[0] for r in self.committed], offset) - 1
+        return i >= 0 and offset < self.committed[i][1]
+
+    def in_open_range(self, offset: int) -> bool:
+        return any(r[0] <= offset < r[1] for r in self.open.values())
+
+    def is_aborted(self, offset: int) -> bool:
+        i = bisect.bisect_right([r[0] for r in self.aborted], offset) - 1
+        return i >= 0 and offset < self.aborted[i][1]
+
+    def add_aborted(self, start: int, end: int) -> None:
+        if end <= self.log_start_offset:
+            return
+        ranges = sorted(self.aborted + [[max(start, self.log_start_offset), end]])
+        merged: List[list] = []
+        for r in ranges:
+            if merged and merged[-1][1] >= r[0]:
+                merged[-1][1] = max(merged[-1][1], r[1])
+            else:
+                merged.append(list(r))
+        self.aborted = merged
+
+    def segment_visible_uncommitted(self, base_offset: int) -> bool:
+        """read_uncommitted also shows the data of open (undecided) writes."""
+        return (self.segment_visible(base_offset)
+                or any(r[0] <= base_offset < r[1] for r in self.open.values()))
+
+    def add_committed(self, start: int, end: int, epoch: int) -> None:
+        starts = [r[0] for r in self.committed]
+        i = bisect.bisect_left(starts, start)
+        self.committed.insert(i, [start, end, epoch])
+        merged: List[list] = []
+        for r in self.committed:
+            if merged and merged[-1][1] == r[0] and merged[-1][2] == r[2]:
+                merged[-1][1] = r[1]
+            else:
+                merged.append(r)
+        self.committed = merged
+
+    def leader_epoch_entries(self) -> List[Tuple[int, int]]:
+        """``(epoch, start offset)`` for committed data, as ``leader-epoch-checkpoint`` has them."""
+        out: List[Tuple[int, int]] = []
+        for start, end, epoch in self.visible_ranges():
+            if not out or epoch > out[-1][0]:
+                out.append((epoch, start))
+        return out
+
+    def clone(self) -> "PartitionState":
+        return PartitionState(self.next_offset, self.log_start_offset, self.leader_epoch,
+                              self.last_producer, {k: list(r) for k, r in self.open.items()},
+                              [list(r) for r in self.committed], [list(r) for r in self.aborted])
+
+    def to_json(self) -> dict:
+        return {"next_offset": self.next_offset, "log_start_offset": self.log_start_offset,
+                "leader_epoch": self.leader_epoch, "last_producer": self.last_producer,
+                "open": self.open, "committed": self.committed, "aborted": self.aborted}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PartitionState":
+        return cls(d["next_offset"], d["log_start_offset"], d["leader_epoch"],
+                   d.get("last_producer"), {k: list(r) for k, r in (d.get("open") or {}).items()},
+                   [list(r) for r in d.get("committed") or []],
+                   [list(r) for r in d.get("aborted") or []])

@@ -1,0 +1,56 @@
+"""The shape of a flat snapshot (docs/protocol.md §2), checked before a state is built from it:
+a snapshot is derived data, and one that does not hold together must be skipped, not half
+loaded."""
+from __future__ import annotations
+
+from typing import Optional
+
+from .actions import (ACL, REPLICAS, check_int, check_range, check_str, check_tp_key, dict_of,
+                      list_of, optional, record_of)
+
+SNAPSHOT_VERSIONS = (1, 2)
+
+_PARTITION = record_of({"next_offset": (check_int, True), "log_start_offset": (check_int, True),
+                      "leader_epoch": (check_int, True), "last_producer": (optional(check_str), False),
+                      "open": (dict_of(check_str, check_range), True),
+                      "committed": (list_of(check_range), True),
+                      "aborted": (list_of(list_of(check_int)), False)})
+_TOPIC = record_of({"topic_id": (check_str, True), "partitions": (check_int, True),
+                  "replicas": (REPLICAS, True), "configs": (dict_of(check_str, check_str), True)})
+_TXN = record_of({"deadline": (check_int, True), "producer": (check_str, True),
+                "ranges": (dict_of(check_tp_key, check_range), True), "seq": (check_int, False),
+                "timeout_ms": (check_int, False)})
+_SNAPSHOT = record_of({"seq": (check_int, True), "timestamp": (check_int, True),
+                     "topics": (dict_of(check_str, _TOPIC), True),
+                     "partitions": (dict_of(check_tp_key, _PARTITION), True),
+                     "txns": (dict_of(check_str, _TXN), True),
+                     "decided": (dict_of(check_str, check_str), True),
+                     "acls": (list_of(ACL), True),
+                     "deleted_topics": (dict_of(check_str, check_str), False),
+                     "reader_features": (list_of(check_str), False),
+                     "writer_features": (list_of(check_str), False)})
+
+
+def snapshot_problem(d) -> Optional[str]:
+    if not isinstance(d, dict):
+        return f"a snapshot must be a JSON object, not {type(d).__name__}"
+    if d.get("version") not in SNAPSHOT_VERSIONS:
+        return f"unknown snapshot version {d.get('version')!r:.40}"
+    bad = _SNAPSHOT(d)
+    if bad:
+        return bad
+    for topic, info in d["topics"].items():
+        if info["partitions"] != len(info["replicas"]):
+            return f"topic {topic!r}: {info['partitions']} partitions but " \
+                   f"{len(info['replicas'])} replica lists"
+        for p in range(info["partitions"]):
+            if f"{topic}:{p}" not in d["partitions"]:
+                return f"topic {topic!r}: partition {p} has no state"
+    return None
+
+
+def check_snapshot(d) -> None:
+    from ..errors import CorruptRecordError
+    bad = snapshot_problem(d)
+    if bad:
+        raise CorruptRecordError(f"snapshot does not hold together: {bad}")

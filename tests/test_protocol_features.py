@@ -1,0 +1,158 @@
+"""Protocol evolution (docs/protocol.md §2.3): a client never replays what it does not know as a
+no-op. A future entry version, an unknown action or field, or a reader feature it lacks makes
+every command, the admin API and the Spark reader and writer refuse with UNSUPPORTED_VERSION,
+writing nothing; a writer feature it lacks still lets it read but not write."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyspark_kafkalog.admin import Admin
+from pyspark_kafkalog.cluster import features
+from pyspark_kafkalog.cluster.metalog import entry_name
+from pyspark_kafkalog.errors import UnsupportedVersionError
+from pyspark_kafkalog.format.records import Record
+
+ROOT = Path(__file__).resolve().parents[1]
+READS = [["topics", "--list"], ["topics", "--describe"], ["consume", "--topic", "t"],
+         ["offsets", "--topic", "t"], ["log-dirs", "--describe"], ["features", "--list"],
+         ["retention", "--dry-run"]]
+WRITES = [["produce", "--topic", "t"], ["topics", "--create", "--topic", "v"],
+          ["topics", "--alter", "--topic", "t", "--config", "retention.ms=5"],
+          ["delete-records", "--offset-json-file", "-"], ["retention"], ["cleanup"],
+          ["topics", "--delete", "--topic", "t"],
+          ["consume", "--topic", "t", "--group", "g"],
+          ["groups", "--reset-offsets", "--group", "g", "--topic", "t", "--to-earliest"]]
+STDIN = {"produce": '{"value": null}\n',
+         "delete-records": '{"partitions": [{"topic": "t", "partition": 0, "offset": 1}], '
+                           '"version": 1}'}
+
+
+def kafkalog(*argv):
+    proc = subprocess.run([sys.executable, "-m", "pyspark_kafkalog.cli.main", *map(str, argv)],
+                          input=STDIN.get(argv[2] if len(argv) > 2 else "", ""),
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def listing(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Path:
+    root = tmp_path / "kl"
+    a = Admin(str(root))
+    a.create_topic("t", 2)
+    a.produce("t", [Record(b"k", b"v", 1)], partition=0)
+    return root
+
+
+def add_entry(root: Path, entry: dict) -> None:
+    seq = len(list((root / "_kafkalog" / "log").glob("*[0-9].json")))
+    (root / entry_name(seq)).write_text(json.dumps(entry))
+
+
+FUTURE = {
+    "entry version 2": {"version": 2, "writer": "w", "timestamp": 1, "actions": []},
+    "unknown action": {"version": 1, "writer": "w", "timestamp": 1,
+                       "actions": [{"op": "elect_leader", "partition": "t:0", "leader": 1}]},
+    "unknown field": {"version": 1, "writer": "w", "timestamp": 1,
+                      "actions": [{"op": "commit", "txns": [], "isr": ["logdir-1"]}]},
+    "reader feature": {"version": 1, "writer": "w", "timestamp": 1,
+                       "actions": [{"op": "protocol", "reader_features": ["replication"]}]},
+}
+
+
+def assert_refused(rc, err, argv):
+    assert rc == 1, (argv, rc, err)      # trouble with the data, not the user's input
+    assert "UnsupportedVersionError" in err and "Traceback" not in err, (argv, err)
+    assert len(err.strip().splitlines()) == 1, (argv, err)
+
+
+@pytest.mark.parametrize("what", sorted(FUTURE))
+def test_future_entries_are_refused_by_every_command(cluster, what):
+    add_entry(cluster, FUTURE[what])
+    before = listing(cluster)
+    for argv in READS + WRITES:
+        rc, out, err = kafkalog("--cluster", cluster, *argv)
+        assert_refused(rc, err, argv)
+    with pytest.raises(UnsupportedVersionError):
+        Admin(str(cluster), create=False).list_topics()
+    with pytest.raises(UnsupportedVersionError):
+        Admin(str(cluster), create=False).produce("t", [Record(b"k", b"v", 1)])
+    assert listing(cluster) == before
+
+
+def test_unknown_writer_feature_allows_reading_but_not_writing(cluster):
+    add_entry(cluster, {"version": 1, "writer": "w", "timestamp": 1, "actions": [
+        {"op": "protocol", "writer_features": ["quotas"]},
+        {"op": "set_quota", "feature": "quotas", "client": "a", "producer_byte_rate": 5}]})
+    before = listing(cluster)
+    for argv in READS:
+        rc, out, err = kafkalog("--cluster", cluster, *argv)
+        assert rc == 0, (argv, err)
+    rc, out, _ = kafkalog("--cluster", cluster, "--json", "features", "--list")
+    assert {"feature": "quotas", "kind": "writer", "enabled": True, "supported": False,
+            "description": "unknown to this client"} in [json.loads(x) for x in out.splitlines()]
+    for argv in WRITES:
+        rc, out, err = kafkalog("--cluster", cluster, *argv)
+        assert_refused(rc, err, argv)
+        assert "quotas" in err
+    assert listing(cluster) == before
+
+
+def test_an_action_of_an_unknown_feature_is_refused_unless_a_writer_feature(cluster):
+    """The tag "feature" lets readers skip an action only when the cluster declared that
+    feature as writer-only; otherwise the action is unknown and refused."""
+    add_entry(cluster, {"version": 1, "writer": "w", "timestamp": 1, "actions": [
+        {"op": "set_quota", "feature": "quotas", "client": "a"}]})
+    rc, _, err = kafkalog("--cluster", cluster, "topics", "--list")
+    assert_refused(rc, err, ["topics"])
+
+
+def test_enabling_a_feature_is_an_explicit_step_older_clients_then_refuse(cluster, monkeypatch):
+    """A newer client (here: this process, which knows one more feature) enables it; a client
+    without it (a real process) then refuses to read."""
+    rc, _, err = kafkalog("--cluster", cluster, "features", "--enable", "nope")
+    assert rc != 0 and "not one this client implements" in err
+    monkeypatch.setitem(features.READER_FEATURES, "futureFormat", "a test feature")
+    a = Admin(str(cluster), create=False)
+    assert a.features()["futureFormat"] == {"kind": "reader", "enabled": False,
+                                            "supported": True,
+                                            "description": "a test feature"}
+    info = a.enable_feature("futureFormat")
+    assert info["enabled"] and info["kind"] == "reader"
+    assert [r.key for r in a.consume("t", 0)] == [b"k"]       # this client still reads
+    a.produce("t", [Record(b"k2", b"v", 1)], partition=0)     # and writes
+    before = listing(cluster)
+    rc, _, err = kafkalog("--cluster", cluster, "consume", "--topic", "t")
+    assert_refused(rc, err, ["consume"])
+    assert "futureFormat" in err
+    assert listing(cluster) == before
+
+
+def test_cluster_identity_of_a_newer_version_is_refused(cluster):
+    meta = json.loads((cluster / "_kafkalog" / "cluster.json").read_text())
+    (cluster / "_kafkalog" / "cluster.json").write_text(json.dumps(dict(meta, version=2)))
+    rc, _, err = kafkalog("--cluster", cluster, "topics", "--list")
+    assert_refused(rc, err, ["topics"])
+
+
+def test_spark_reader_and_writer_refuse_a_future_cluster(cluster, ks):
+    add_entry(cluster, FUTURE["unknown action"])
+    before = listing(cluster)
+    with pytest.raises(Exception, match="UnsupportedVersion|not one this client knows"):
+        ks.read.format("kafkalog").option("subscribe", "t").load(str(cluster)).collect()
+    df = ks.createDataFrame([("k", "v")], "key string, value string")
+    with pytest.raises(Exception, match="UnsupportedVersion|not one this client knows"):
+        df.write.format("kafkalog").mode("append").option("topic", "t").save(str(cluster))
+    assert listing(cluster) == before
