@@ -27,7 +27,7 @@ from pyspark_kafkalog.format.records import Record
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "procs" / "safety_child.py"
-ROUNDS = int(os.environ.get("KAFKALOG_SAFETY_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("KAFKALOG_SAFETY_ROUNDS", "5"))
 DAY_MS = 86_400_000
 
 

@@ -186,7 +186,9 @@ class MetadataLog:
             # snapshot that another process wrote meanwhile (snapshots keep no results)
             state = self.state(replay_only=True)
             if state.seq < seq:   # listing lagged behind our own write: replay it directly
+                state = state.copy()   # whoever holds the cached state keeps it as it was
                 self._catch_up(state, seq)
+                self._state = state
             self._maybe_snapshot(state)
             return seq, state
         raise KafkaStorageError(f"could not append to the metadata log after "
