@@ -1,7 +1,9 @@
 """Shared plumbing for the spark-submit jobs: the session, and fanning work out per partition.
 
-Executors rebuild the cluster state from a snapshot the driver broadcasts, so every task sees
-exactly the metadata the driver planned against, and none of them replays the metadata log.
+The rules themselves live in ``pyspark_kafkalog.cluster.maintenance``; the jobs only hand them a
+``fan_out`` that runs on Spark. What it runs is a ``PartitionWork``, which travels as the cluster
+URL and a snapshot of the driver's state: every task sees exactly the metadata the driver
+planned against, and none of them replays the metadata log.
 """
 from __future__ import annotations
 
@@ -28,6 +30,11 @@ def spark_session(app_name: str):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
     return SparkSession.builder.appName(app_name).getOrCreate()
+
+
+def spark_fan_out(spark, min_items_for_spark: int):
+    """The ``fan_out(items, fn)`` that maintenance's rules take: Spark when there are many."""
+    return lambda items, fn: fan_out(spark, items, fn, min_items_for_spark)
 
 
 def fan_out(spark, items: Sequence[Tuple[str, int]], fn: Callable[[List[Tuple[str, int]]], List[T]],

@@ -5,8 +5,11 @@
 
 The first form takes kafka-delete-records.sh's JSON file. The second deletes what a downstream
 consumer group has already consumed (KIP-107's motivation): every partition of the group's topics
-is trimmed to the group's committed offset. All log start offsets move in one metadata entry; the
-file deletions fan out over partitions with Spark when there are many.
+is trimmed to the group's committed offset, and a topic recreated since is left alone. All log
+start offsets move in one metadata entry; the file deletions fan out over partitions with Spark
+when there are many. --dry-run prints per partition the log start offset, the high watermark and
+the answer the request would get, and changes nothing. The rule itself is
+``pyspark_kafkalog.cluster.maintenance.delete_records``, the same as ``kafkalog delete-records``.
 """
 from __future__ import annotations
 
@@ -14,13 +17,12 @@ import argparse
 import json
 import sys
 
-from _common import fan_out, spark_session
-from pyspark_kafkalog.cluster.checkpoints import sync_checkpoints
+from _common import spark_fan_out, spark_session
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.groups import GroupStore, topic_ids
-from pyspark_kafkalog.cluster.maintenance import delete_below_log_start
-from pyspark_kafkalog.cluster.state import ClusterState, split_key, tp_key
-from pyspark_kafkalog.cli.cluster_maint import parse_offset_json
+from pyspark_kafkalog.cluster.maintenance import delete_records, delete_records_dry_run
+from pyspark_kafkalog.cluster.offset_json import load_offset_json, parse_offset_json
+from pyspark_kafkalog.errors import InvalidConfigError
 
 
 def read_offset_json(text: str) -> dict:
@@ -28,39 +30,39 @@ def read_offset_json(text: str) -> dict:
     return dict(parse_offset_json(text))
 
 
+def consumed_by(cluster: Cluster, group: str, topic=None):
+    """The group's offsets, and the ids of the topics they belong to: deleting records is
+    refused for a topic recreated after this (its records were never consumed)."""
+    ids = topic_ids(cluster.state())
+    committed = GroupStore(cluster.storage).fetch(group, ids)
+    offsets = {tp: om.offset for tp, om in committed.items() if topic is None or tp[0] == topic}
+    return offsets, {t: ids[t] for t, _ in offsets if t in ids}
+
+
 def offsets_consumed_by(cluster: Cluster, group: str, topic=None) -> dict:
     """The group's offsets, without those of a topic deleted (or re-created) since: deleting
     below one of those would delete a new topic's records that nobody consumed."""
-    committed = GroupStore(cluster.storage).fetch(group, topic_ids(cluster.state()))
-    return {tp: om.offset for tp, om in committed.items() if topic is None or tp[0] == topic}
+    return consumed_by(cluster, group, topic)[0]
+
+
+def _answer(r) -> dict:
+    return ({"error": "NONE", "low_watermark": r.low_watermark} if r.error is None
+            else {"error": r.error.error_name, "message": str(r.error)})
 
 
 def run(url: str, offsets: dict, *, dry_run: bool = False, spark=None,
-        min_partitions_for_spark: int = 64) -> dict:
+        min_partitions_for_spark: int = 64, topic_ids=None) -> dict:
     cluster = Cluster(url, create=False)
     if dry_run:
-        state = cluster.state()
         out = {}
-        for tp, off in offsets.items():
-            ps = state.partition(*tp)
-            out[tp] = ({"error": "UNKNOWN_TOPIC_OR_PARTITION"} if ps is None else
-                       {"requested": off, "log_start_offset": ps.log_start_offset,
-                        "high_watermark": ps.high_watermark})
+        for tp, d in delete_records_dry_run(cluster, offsets, topic_ids=topic_ids).items():
+            where = ({} if d.log_start_offset is None else
+                     {"log_start_offset": d.log_start_offset, "high_watermark": d.high_watermark})
+            out[tp] = {"requested": d.offset, **where, **_answer(d.result)}
         return out
-    _, state, results = cluster.submit([{"op": "set_log_start", "principal": cluster.principal,
-                                         "partitions": {tp_key(*tp): o for tp, o in offsets.items()}}])
-    per = results[0].get("partitions", {})
-    done = [split_key(k) for k, r in per.items() if r.get("error") == "NONE"]
-    snap = state.to_snapshot()
-
-    def delete(parts):
-        c = Cluster(url, create=False)
-        st = ClusterState.from_snapshot(snap)
-        return [(tp, delete_below_log_start(c, st, *tp)) for tp in parts]
-
-    fan_out(spark, done, delete, min_partitions_for_spark)
-    sync_checkpoints(cluster, state, done)
-    return {split_key(k): r for k, r in per.items()}
+    results = delete_records(cluster, offsets, topic_ids=topic_ids,
+                             fan_out=spark_fan_out(spark, min_partitions_for_spark))
+    return {tp: _answer(r) for tp, r in results.items()}
 
 
 def main(argv=None) -> int:
@@ -74,14 +76,18 @@ def main(argv=None) -> int:
     parser.add_argument("--min-partitions-for-spark", type=int, default=64)
     args = parser.parse_args(argv)
     cluster = Cluster(args.cluster, create=False)
+    ids = None
     if args.offset_json_file:
-        with open(args.offset_json_file) as f:
-            offsets = read_offset_json(f.read())
+        try:
+            offsets = dict(load_offset_json(args.offset_json_file))
+        except InvalidConfigError as exc:
+            print(f"delete_records.py: {exc}", file=sys.stderr)
+            return 2
     else:
-        offsets = offsets_consumed_by(cluster, args.consumed_by, args.topic)
+        offsets, ids = consumed_by(cluster, args.consumed_by, args.topic)
     spark = spark_session("kafkalog-delete-records")
     results = run(args.cluster, offsets, dry_run=args.dry_run, spark=spark,
-                  min_partitions_for_spark=args.min_partitions_for_spark)
+                  min_partitions_for_spark=args.min_partitions_for_spark, topic_ids=ids)
     failed = 0
     for (topic, partition), r in sorted(results.items()):
         print(json.dumps({"topic": topic, "partition": partition, **r}))

@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
 
+from ..cluster.actions import AclChange
 from ..cluster.cluster import Cluster
 from ..cluster.consumer import EARLIEST, LATEST, Consumer, resolve_offset
 from ..cluster.groups import (GroupStore, OffsetAndMetadata, live_offsets, require_group,
                               topic_ids)
-from ..cluster.maintenance import (DeleteRecordsResult, RetentionPlan, apply_retention,
-                                   collect_garbage, delete_records, plan_retention)
+from ..cluster.maintenance import (DeleteRecordsDryRun, DeleteRecordsResult, RetentionPlan,
+                                   collect_garbage, delete_records, delete_records_dry_run,
+                                   retention)
 from ..cluster.producer import Producer
 from ..cluster.repair import LostRange, PartitionRepair, SegmentRepair, repair
 from ..errors import InvalidConfigError, InvalidRequestError, UnknownTopicOrPartitionError
@@ -22,7 +24,7 @@ from ..format.records import DecodedRecord, Record
 
 __all__ = ["Admin", "TopicPartition", "TopicDescription", "PartitionInfo", "RecordMetadata",
            "ConsumerRecord", "ListOffsetsResult", "GroupPartitionLag", "DeleteRecordsResult",
-           "RetentionPlan", "PartitionRepair", "SegmentRepair", "LostRange",
+           "DeleteRecordsDryRun", "RetentionPlan", "PartitionRepair", "SegmentRepair", "LostRange",
            "OffsetAndMetadata", "Consumer", "EARLIEST", "LATEST"]
 
 
@@ -95,7 +97,7 @@ class Admin:
                  create: bool = True, **options):
         self.cluster = cluster if isinstance(cluster, Cluster) else Cluster(
             cluster, principal=principal, create=create, **options)
-        self.groups = GroupStore(self.cluster.storage)
+        self.groups = GroupStore(self.cluster.storage, guard=self.cluster.check_writable)
 
     # -- topics -------------------------------------------------------------------------------
 
@@ -187,15 +189,18 @@ class Admin:
         res = delete_records(self.cluster, {TopicPartition(*tp): o for tp, o in offsets.items()})
         return {TopicPartition(*tp): r for tp, r in res.items()}
 
+    def delete_records_dry_run(self, offsets: Mapping[TopicPartition, int]
+                               ) -> Dict[TopicPartition, DeleteRecordsDryRun]:
+        """What ``delete_records_before`` would answer now, and each partition's current log
+        start offset and high watermark; changes nothing."""
+        res = delete_records_dry_run(self.cluster,
+                                     {TopicPartition(*tp): o for tp, o in offsets.items()})
+        return {TopicPartition(*tp): r for tp, r in res.items()}
+
     def retention(self, *, dry_run: bool = False, now_ms: Optional[int] = None,
                   partitions: Optional[List[TopicPartition]] = None) -> List[RetentionPlan]:
-        state = self.cluster.state()
-        now = self.cluster.now_ms() if now_ms is None else now_ms
-        plans = plan_retention(self.cluster, state, now,
-                               [tuple(tp) for tp in partitions] if partitions else None)
-        if not dry_run:
-            apply_retention(self.cluster, plans)
-        return plans
+        return retention(self.cluster, dry_run=dry_run, now_ms=now_ms,
+                         partitions=[tuple(tp) for tp in partitions] if partitions else None)
 
     def cleanup(self) -> Dict[str, List[str]]:
         return collect_garbage(self.cluster)
@@ -295,18 +300,29 @@ class Admin:
     def delete_group(self, group: str) -> None:
         self.groups.delete(group)
 
+    # -- protocol features (docs/protocol.md §2.3) ----------------------------------------------
+
+    def features(self) -> Dict[str, dict]:
+        """Each feature the cluster uses or this client knows: kind (reader or writer),
+        enabled, supported, description."""
+        return self.cluster.features()
+
+    def enable_feature(self, name: str) -> dict:
+        """Turn a protocol feature on for every client of the cluster (never off)."""
+        return self.cluster.enable_feature(name)
+
     # -- ACLs ---------------------------------------------------------------------------------
 
     def add_acl(self, principal: str, topic: str, operation: str, permission: str = "ALLOW") -> None:
-        self.cluster.submit_one({"op": "acl", "add": [{"principal": principal, "topic": topic,
-                                                       "operation": operation.upper(),
-                                                       "permission": permission.upper()}]})
+        self.cluster.submit_one(AclChange(add=[{"principal": principal, "topic": topic,
+                                                "operation": operation.upper(),
+                                                "permission": permission.upper()}]))
 
     def remove_acl(self, principal: str, topic: str, operation: str,
                    permission: str = "ALLOW") -> None:
-        self.cluster.submit_one({"op": "acl", "remove": [{"principal": principal, "topic": topic,
-                                                          "operation": operation.upper(),
-                                                          "permission": permission.upper()}]})
+        self.cluster.submit_one(AclChange(remove=[{"principal": principal, "topic": topic,
+                                                   "operation": operation.upper(),
+                                                   "permission": permission.upper()}]))
 
     def list_acls(self) -> List[dict]:
         return list(self.cluster.state().acls)

@@ -2,11 +2,10 @@
 JSON file), ``retention``, ``log-dirs --describe`` and ``cleanup``."""
 from __future__ import annotations
 
-import json
 import sys
-from typing import List, Tuple
+from typing import List
 
-from ..errors import InvalidConfigError
+from ..cluster.offset_json import OFFSET_FILE_EXAMPLE, load_offset_json
 from .cluster_common import OUTPUT_HELP, columns, emit_rows, open_admin
 from .progress import Progress
 
@@ -18,7 +17,6 @@ RETENTION_COLUMNS = columns("topic", "partition", "log_start_offset", "new_log_s
 LOG_DIR_COLUMNS = columns("log_dir", "topic", "partition", "size")
 CLEANUP_COLUMNS = columns("kind", "path")
 RETENTION_CHUNK = 25          # partitions per retention step (one metadata entry each)
-OFFSET_FILE_EXAMPLE = '{"partitions": [{"topic": "t", "partition": 0, "offset": 3}], "version": 1}'
 
 
 def add_parsers(sub, parents) -> None:
@@ -68,126 +66,33 @@ def add_parsers(sub, parents) -> None:
 
 # -- delete-records --------------------------------------------------------------------------
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def load_offset_json(path: str) -> List[Tuple[Tuple[str, int], int]]:
-    """Read kafka-delete-records.sh's file (``-``: stdin) and check it (parse_offset_json)."""
-    where = "--offset-json-file " + ("(stdin)" if path == "-" else path)
-    try:
-        if path == "-":
-            text = sys.stdin.read()
-        else:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-    except OSError as exc:
-        raise InvalidConfigError(f"cannot read {where}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InvalidConfigError(f"{where}: not UTF-8 text") from None
-    return parse_offset_json(text, where)
-
-
-def parse_offset_json(text: str, where: str = "offset JSON"
-                      ) -> List[Tuple[Tuple[str, int], int]]:
-    """kafka-delete-records.sh's format as ``[((topic, partition), offset)]`` in file order.
-    ``version`` may be left out (Kafka reads it as 1); anything else wrong is an
-    InvalidConfigError naming the field: a missing or misspelt key, a non-integer partition or
-    offset, an empty list, a partition listed twice (Kafka's rule too)."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidConfigError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno} "
-                                 f"column {exc.colno}); expected {OFFSET_FILE_EXAMPLE}") from None
-    if not isinstance(doc, dict):
-        raise InvalidConfigError(f"{where}: expected a JSON object like {OFFSET_FILE_EXAMPLE}")
-    unknown = sorted(set(doc) - {"partitions", "version"})
-    if unknown:
-        raise InvalidConfigError(f"{where}: unknown field(s) {', '.join(unknown)}")
-    version = doc.get("version", 1)
-    if not _is_int(version) or version != 1:
-        raise InvalidConfigError(f"{where}: unsupported version {version!r} (only 1)")
-    if "partitions" not in doc:
-        raise InvalidConfigError(f"{where}: missing the \"partitions\" list")
-    parts = doc["partitions"]
-    if not isinstance(parts, list):
-        raise InvalidConfigError(f"{where}: \"partitions\" must be a list")
-    if not parts:
-        raise InvalidConfigError(f"{where}: \"partitions\" is empty: nothing to delete")
-    out, seen = [], {}
-    for i, e in enumerate(parts):
-        at = f"{where}: partitions[{i}]"
-        if not isinstance(e, dict):
-            raise InvalidConfigError(f"{at}: expected an object {{\"topic\", \"partition\", "
-                                     "\"offset\"}")
-        unknown = sorted(set(e) - {"topic", "partition", "offset"})
-        if unknown:
-            raise InvalidConfigError(f"{at}: unknown field(s) {', '.join(unknown)}")
-        for name in ("topic", "partition", "offset"):
-            if name not in e:
-                raise InvalidConfigError(f"{at}: missing \"{name}\"")
-        if not isinstance(e["topic"], str) or not e["topic"]:
-            raise InvalidConfigError(f"{at}: \"topic\" must be a non-empty string")
-        if not _is_int(e["partition"]):
-            raise InvalidConfigError(f"{at}: \"partition\" must be an integer")
-        if not _is_int(e["offset"]):
-            raise InvalidConfigError(f"{at}: \"offset\" must be an integer (-1: the high "
-                                     "watermark)")
-        tp = (e["topic"], e["partition"])
-        if tp in seen:
-            raise InvalidConfigError(f"{at}: {tp[0]}-{tp[1]} is listed twice (first at "
-                                     f"partitions[{seen[tp]}])")
-        seen[tp] = i
-        out.append((tp, e["offset"]))
-    return out
-
-
-def _predict(admin, entries) -> List[dict]:
-    """What ``delete_records_before`` would answer now: the ``set_log_start`` action replayed on
-    a copy of the current state (the rule of docs/protocol.md, section 6), nothing appended."""
-    from ..cluster.state import tp_key
-    cluster = admin.cluster
-    before = cluster.state()
-    state = before.copy()
-    request = {tp_key(*tp): off for tp, off in entries if off >= -1}
-    seq = state.seq + 1
-    state.apply(seq, {"version": 1, "timestamp": cluster.now_ms(), "actions": [
-        {"op": "set_log_start", "partitions": request, "principal": cluster.principal}]})
-    answers = state.results[seq][0].get("partitions", {})
+def _dry_run_rows(admin, entries) -> List[dict]:
+    predicted = admin.delete_records_dry_run(dict(entries))
     rows = []
-    for (topic, partition), offset in entries:
-        ps = before.partition(topic, partition)
-        row = {"topic": topic, "partition": partition, "offset": offset,
-               "log_start_offset": ps.log_start_offset if ps else None,
-               "high_watermark": ps.high_watermark if ps else None,
-               "low_watermark": None, "error": None, "message": None}
-        answer = answers.get(tp_key(topic, partition))
-        if answer is None:       # rejected before the request, as delete_records does
-            row.update(error="OFFSET_OUT_OF_RANGE", message=f"invalid offset {offset} for "
-                       f"{topic}-{partition}: must be >= 0, or -1 for the high watermark")
-        elif answer.get("error", "NONE") != "NONE":
-            row.update(error=answer["error"], message=answer.get("message") or None)
-        else:
-            row["low_watermark"] = answer["low_watermark"]
-        rows.append(row)
+    for tp, offset in entries:
+        d = predicted[tp]
+        rows.append({"topic": tp[0], "partition": tp[1], "offset": offset,
+                     "log_start_offset": d.log_start_offset, "high_watermark": d.high_watermark,
+                     **_answer_columns(d.result)})
     return rows
+
+
+def _answer_columns(r) -> dict:
+    return {"low_watermark": None if r.error else r.low_watermark,
+            "error": r.error.error_name if r.error else None,
+            "message": str(r.error) if r.error else None}
 
 
 def run_delete_records(args) -> int:
     entries = load_offset_json(args.offset_json_file)
     admin = open_admin(args, "delete-records")
     if args.dry_run:
-        rows = _predict(admin, entries)
+        rows = _dry_run_rows(admin, entries)
         emit_rows(args, DRY_DELETE_COLUMNS, rows)
     else:
         result = admin.delete_records_before(dict(entries))
-        rows = []
-        for tp, _ in entries:
-            r = result[tp]
-            rows.append({"topic": tp[0], "partition": tp[1],
-                         "low_watermark": None if r.error else r.low_watermark,
-                         "error": r.error.error_name if r.error else None,
-                         "message": str(r.error) if r.error else None})
+        rows = [{"topic": tp[0], "partition": tp[1], **_answer_columns(result[tp])}
+                for tp, _ in entries]
         emit_rows(args, DELETE_COLUMNS, rows)
     return 1 if any(r["error"] for r in rows) else 0
 

@@ -3,15 +3,21 @@
 All of it only raises log start offsets through the metadata log and then deletes files that no
 reader may select any more (docs/protocol.md, §6-§7), so any number of these can run at once, be
 killed at any point, and be re-run: the next run finishes what the last one started.
+
+Each rule has one implementation here, used by the Admin API, the CLI and the spark-submit jobs.
+The per-partition work (planning retention, deleting segment files) goes through a ``fan_out``
+the caller picks: ``serial`` here, or one that runs ``PartitionWork`` on Spark executors
+(``jobs/_common.py``).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import KafkaLogError, StorageNotFoundError, error_for
 from ..log.segment import LogSegment
+from . import actions as A
 from .checkpoints import sync_checkpoints
 from .state import ClusterState, split_key, tp_key
 
@@ -38,6 +44,81 @@ class RetentionPlan:
     bytes: int = 0
     reason: str = ""
     topic_id: str = ""      # the incarnation planned against: a recreated topic is left alone
+
+
+@dataclass
+class DeleteRecordsDryRun:
+    """Where one partition stands and what ``delete_records`` would answer for it now: the
+    ``SetLogStart`` it would submit, replayed on a copy of the state. ``log_start_offset``,
+    ``high_watermark`` and ``topic_id`` are None for a partition that does not exist;
+    ``topic_id`` passed back to ``delete_records`` makes it leave alone a topic recreated
+    since."""
+
+    offset: int
+    log_start_offset: Optional[int]
+    high_watermark: Optional[int]
+    result: DeleteRecordsResult
+    topic_id: Optional[str] = None
+
+
+# -- fanning per-partition work out ------------------------------------------------------------
+
+#: ``fan_out(items, fn) -> list``: call ``fn`` on groups of ``items`` (partitions), anywhere,
+#: and return the concatenation of what the calls return.
+FanOut = Callable[[Sequence[TopicPartition], Callable[[List[TopicPartition]], list]], list]
+
+
+def serial(items: Sequence[TopicPartition], fn: Callable[[List[TopicPartition]], list]) -> list:
+    """The default fan-out: everything in this process, one call."""
+    return fn(list(items))
+
+
+class PartitionWork:
+    """One step of a rule bound to the cluster and to the exact state the step must act on
+    (the state a plan was made against, or the one the ``SetLogStart`` produced): what a
+    fan-out calls with a group of partitions.
+
+    Pickled, it travels as the cluster URL and a snapshot of that state, so a Spark executor
+    reopens the cluster and rebuilds the state instead of replaying the metadata log: every task
+    acts on the metadata the driver decided on, not on a newer one. (Storage options given to
+    the driver's ``Cluster`` do not travel; executors open the URL as it is.)"""
+
+    def __init__(self, step, cluster, state: ClusterState, arg=None):
+        self.step, self.arg = step, arg
+        self.cluster, self.state = cluster, state
+
+    def __call__(self, items) -> list:
+        items = [tuple(tp) for tp in items]
+        return self.step(self.cluster, self.state, items, self.arg) if items else []
+
+    def __getstate__(self) -> dict:
+        return {"step": self.step, "arg": self.arg, "url": self.cluster.url,
+                "snapshot": self.state.to_snapshot()}
+
+    def __setstate__(self, d: dict) -> None:
+        from .cluster import Cluster      # cluster.py imports this module
+        self.step, self.arg = d["step"], d["arg"]
+        self.cluster = Cluster(d["url"], create=False)
+        self.state = ClusterState.from_snapshot(d["snapshot"])
+
+
+def _delete_step(cluster, state: ClusterState, items: List[TopicPartition],
+                 planned: Optional[Dict[TopicPartition, List[int]]]) -> list:
+    """The file half of both rules, for partitions whose ``SetLogStart`` applied: the segments
+    a retention plan named, then whatever Kafka's rule puts below the log start offset."""
+    out = []
+    for topic, partition in items:
+        if state.partition(topic, partition) is None:
+            continue
+        deleted = set()
+        if planned:
+            d = cluster.partition_dir(topic, partition, state=state)
+            for base in planned.get((topic, partition), ()):
+                LogSegment(cluster.storage, d, base).delete()
+                deleted.add(base)
+        deleted.update(delete_below_log_start(cluster, state, topic, partition))
+        out.append(((topic, partition), sorted(deleted)))
+    return out
 
 
 def _segments(cluster, state: ClusterState, topic: str, partition: int) -> List[LogSegment]:
@@ -70,36 +151,87 @@ def delete_below_log_start(cluster, state: ClusterState, topic: str, partition: 
     return sorted(deleted)
 
 
-def delete_records(cluster, offsets: Mapping[TopicPartition, int]
-                   ) -> Dict[TopicPartition, DeleteRecordsResult]:
-    """``deleteRecordsBefore``: one metadata entry for every partition, then file deletion."""
-    results: Dict[TopicPartition, DeleteRecordsResult] = {}
-    request = {}
+def _check_offsets(offsets: Mapping[TopicPartition, int]
+                   ) -> Tuple[Dict[str, int], Dict[TopicPartition, DeleteRecordsResult]]:
+    """The request, and the answers of offsets refused before it (Kafka refuses them in the
+    client too, so they never reach the metadata log)."""
+    request, refused = {}, {}
     for (topic, partition), offset in offsets.items():
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < -1:
-            results[(topic, partition)] = DeleteRecordsResult(
+            refused[(topic, partition)] = DeleteRecordsResult(
                 error=error_for("OFFSET_OUT_OF_RANGE", f"invalid offset {offset!r} for "
                                 f"{topic}-{partition}: must be >= 0, or -1 for the high watermark"))
             continue
         request[tp_key(topic, partition)] = offset
+    return request, refused
+
+
+def _delete_records_action(cluster, state: ClusterState, request: Dict[str, int],
+                           topic_ids: Optional[Mapping[str, str]]) -> A.SetLogStart:
+    """The action both the run and the dry run use. It names the topic incarnations the offsets
+    were meant for (the caller's, else those of ``state``), so replay refuses a partition of a
+    topic deleted and recreated since, instead of deleting the new topic's records."""
+    topics = {split_key(k)[0] for k in request}
+    if topic_ids is None:
+        topic_ids = {t: info["topic_id"] for t, info in state.topics.items()}
+    return A.SetLogStart(partitions=request, principal=cluster.principal,
+                         topic_ids={t: i for t, i in topic_ids.items() if t in topics and i})
+
+
+def _answers(result: A.Result, request: Dict[str, int]) -> Dict[TopicPartition, DeleteRecordsResult]:
+    # an action refused whole (not per partition) is every partition's answer
+    per = getattr(result, "partitions", None) or {k: result for k in request}
+    return {split_key(k): (DeleteRecordsResult(low_watermark=r.low_watermark) if r.ok else
+                           DeleteRecordsResult(error=error_for(r.error, r.message)))
+            for k, r in per.items()}
+
+
+def delete_records(cluster, offsets: Mapping[TopicPartition, int], *,
+                   topic_ids: Optional[Mapping[str, str]] = None,
+                   fan_out: FanOut = serial) -> Dict[TopicPartition, DeleteRecordsResult]:
+    """``deleteRecordsBefore``: one metadata entry for every partition, then file deletion in
+    the partitions whose log start offset that entry set, and only there. ``topic_ids``
+    (topic -> id): the incarnations the offsets were chosen against (e.g. a consumer group's
+    offsets, or a dry run's ``topic_id``); by default the topics as they are now."""
+    request, results = _check_offsets(offsets)
     if not request:
         return results
-    _, state, res = cluster.submit([{"op": "set_log_start", "partitions": request,
-                                     "principal": cluster.principal}])
-    per = res[0].get("partitions", {}) if res[0].get("error") == "NONE" else {
-        k: res[0] for k in request}
-    done = []
-    for key, r in per.items():
-        tp = split_key(key)
-        if r.get("error") == "NONE":
-            results[tp] = DeleteRecordsResult(low_watermark=r["low_watermark"])
-            done.append(tp)
-        else:
-            results[tp] = DeleteRecordsResult(error=error_for(r["error"], r.get("message", "")))
-    for tp in done:
-        delete_below_log_start(cluster, state, *tp)
-    sync_checkpoints(cluster, state, done)
+    state = cluster.state()
+    cluster.check_writable(state)
+    _, state, res = cluster.submit([_delete_records_action(cluster, state, request, topic_ids)])
+    answers = _answers(res[0], request)
+    results.update(answers)
+    done = [tp for tp, r in answers.items() if r.error is None]
+    fan_out(done, PartitionWork(_delete_step, cluster, state))
+    sync_checkpoints(cluster, state, done, log_dir_files=True)
     return results
+
+
+def delete_records_dry_run(cluster, offsets: Mapping[TopicPartition, int], *,
+                           topic_ids: Optional[Mapping[str, str]] = None
+                           ) -> Dict[TopicPartition, DeleteRecordsDryRun]:
+    """What ``delete_records`` would answer now, per partition in ``offsets`` order: its
+    ``SetLogStart`` replayed on a copy of the current state (the rule of docs/protocol.md §6
+    itself, not a second version of it); nothing is appended or deleted. A cluster this
+    client may not write to raises here as the run would."""
+    before = cluster.state()
+    cluster.check_writable(before)
+    request, answers = _check_offsets(offsets)
+    if request:
+        action = _delete_records_action(cluster, before, request, topic_ids)
+        state = before.copy()
+        seq = state.seq + 1
+        state.apply(seq, {"version": A.ENTRY_VERSION, "timestamp": cluster.now_ms(),
+                          "actions": [action.to_json()]})
+        answers.update(_answers(state.results[seq][0], request))
+    out = {}
+    for tp, offset in offsets.items():
+        ps = before.partition(*tp)
+        info = before.topics.get(tp[0]) if ps is not None else None
+        out[tp] = DeleteRecordsDryRun(offset, ps.log_start_offset if ps else None,
+                                      ps.high_watermark if ps else None, answers[tuple(tp)],
+                                      info["topic_id"] if info else None)
+    return out
 
 
 def _largest_timestamp(seg: LogSegment) -> float:
@@ -109,12 +241,34 @@ def _largest_timestamp(seg: LogSegment) -> float:
     return ts if ts >= 0 else seg.created_ms()
 
 
+def retention(cluster, *, dry_run: bool = False, now_ms: Optional[int] = None,
+              partitions: Optional[Sequence[TopicPartition]] = None,
+              fan_out: FanOut = serial) -> List[RetentionPlan]:
+    """Plan retention for ``partitions`` (default: all) and, unless ``dry_run``, apply the plans.
+    The dry run's plans are exactly what a run at the same ``now_ms`` applies. ``now_ms``
+    defaults to the storage's clock: segment files' times are judged by it, not by ours."""
+    state = cluster.state()
+    now = cluster.storage_now_ms() if now_ms is None else now_ms
+    plans = plan_retention(cluster, state, now, partitions, fan_out=fan_out)
+    if not dry_run:
+        apply_retention(cluster, plans, fan_out=fan_out)
+    return plans
+
+
 def plan_retention(cluster, state: ClusterState, now_ms: int,
-                   partitions: Optional[List[TopicPartition]] = None) -> List[RetentionPlan]:
+                   partitions: Optional[Sequence[TopicPartition]] = None, *,
+                   fan_out: FanOut = serial) -> List[RetentionPlan]:
     """Which whole segments ``retention.ms`` (by each segment's largest timestamp, KIP-32) and
-    ``retention.bytes`` (per partition) remove, and the log start offset that follows."""
+    ``retention.bytes`` (per partition) remove, and the log start offset that follows.
+    Reading segments is the slow part, so it goes through ``fan_out``."""
+    items = cluster.partitions(state) if partitions is None else [tuple(tp) for tp in partitions]
+    return fan_out(items, PartitionWork(_plan_step, cluster, state, now_ms))
+
+
+def _plan_step(cluster, state: ClusterState, items: List[TopicPartition],
+               now_ms: int) -> List[RetentionPlan]:
     plans = []
-    for topic, partition in partitions or cluster.partitions(state):
+    for topic, partition in items:
         for _attempt in range(3):
             try:
                 plan = _plan_partition(cluster, state, topic, partition, now_ms)
@@ -161,26 +315,26 @@ def _plan_partition(cluster, state: ClusterState, topic: str, partition: int,
                          ",".join(sorted(reasons)), state.topics[topic]["topic_id"])
 
 
-def apply_retention(cluster, plans: List[RetentionPlan]) -> ClusterState:
-    """One ``set_log_start`` entry for every partition trimmed, then the file deletions."""
+def apply_retention(cluster, plans: List[RetentionPlan], *,
+                    fan_out: FanOut = serial) -> ClusterState:
+    """One ``set_log_start`` entry for every partition trimmed, then the file deletions (through
+    ``fan_out``) in the partitions where it applied; returns the state after the entry."""
     state = cluster.state()
+    cluster.check_writable(state)
     if not plans:
         return state
     # retention is the cluster's own policy, not a user's request: no principal, no ACL check
-    _, state, results = cluster.submit([{
-        "op": "set_log_start", "principal": None, "reason": "retention",
-        "topic_ids": {p.topic: p.topic_id for p in plans if p.topic_id},
-        "partitions": {tp_key(p.topic, p.partition): p.new_log_start_offset for p in plans}}])
-    outcome = results[0].get("partitions", {})
-    for p in plans:
-        if outcome.get(tp_key(p.topic, p.partition), {}).get("error") != "NONE":
-            continue   # deleted, recreated or otherwise changed since planning: touch nothing
-        # segments wholly below the new log start offset are no longer visible: delete them
-        d = cluster.partition_dir(p.topic, p.partition, state=state)
-        for base in p.segments:
-            LogSegment(cluster.storage, d, base).delete()
-        delete_below_log_start(cluster, state, p.topic, p.partition)
-    sync_checkpoints(cluster, state, [(p.topic, p.partition) for p in plans])
+    _, state, results = cluster.submit([A.SetLogStart(
+        principal=None, reason="retention",
+        topic_ids={p.topic: p.topic_id for p in plans if p.topic_id},
+        partitions={tp_key(p.topic, p.partition): p.new_log_start_offset for p in plans})])
+    outcome = getattr(results[0], "partitions", {})
+    # a partition deleted, recreated or otherwise changed since planning is left alone
+    applied = {(p.topic, p.partition): list(p.segments) for p in plans
+               if getattr(outcome.get(tp_key(p.topic, p.partition)), "ok", False)}
+    done = sorted(applied)
+    fan_out(done, PartitionWork(_delete_step, cluster, state, applied))
+    sync_checkpoints(cluster, state, done, log_dir_files=True)
     return state
 
 
@@ -197,6 +351,7 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
     belongs to a reservation the state does not know, and is not in an aborted range of it), and
     again *after* listing partition directories (a topic created meanwhile is live in it).
     """
+    cluster.check_writable()
     cluster.abort_expired()
     state = cluster.state()
     removed: Dict[str, List[str]] = {"segments": [], "dirs": [], "temp": [], "unknown_dirs": []}
@@ -213,7 +368,7 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
             path = f"{logdir}/{name}"
             if path not in live_dirs:
                 if "-" in name and name.rpartition("-")[2].isdigit():
-                    if _deleted_topic_dir(cluster, after, path, name.rpartition("-")[0]):
+                    if is_deleted_topic_dir(cluster, after, path, name.rpartition("-")[0]):
                         cluster.storage.delete_tree(path)
                         removed["dirs"].append(path)
                     else:
@@ -237,7 +392,7 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
                 removed["segments"].append(f"{path}/{base:020d}")
             removed["segments"] += [f"{path}/{b:020d}" for b in
                                     delete_below_log_start(cluster, state, topic, p)]
-    sync_checkpoints(cluster, state, cluster.partitions(state))
+    sync_checkpoints(cluster, state, cluster.partitions(state), log_dir_files=True)
     return removed
 
 
@@ -252,7 +407,7 @@ def is_garbage_segment(ps, base: int, has_log: bool) -> bool:
     return base < ps.next_offset and not ps.in_open_range(base)
 
 
-def _deleted_topic_dir(cluster, state: ClusterState, path: str, topic: str) -> bool:
+def is_deleted_topic_dir(cluster, state: ClusterState, path: str, topic: str) -> bool:
     """A partition directory is a deleted topic's only on positive evidence: its
     ``partition.metadata`` names a topic id that the metadata log deleted (or that is no longer
     the id of a live topic of that name), or, without that file, its topic's name was deleted."""
