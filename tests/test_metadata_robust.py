@@ -216,7 +216,7 @@ def test_good_snapshots_are_used_and_verified(tmp_path):
     assert rc == 0 and "sound" in out, err
     # a part that does not match its hash makes its snapshot unusable: found, not trusted
     part = root / "_kafkalog" / "log" / "parts" / f"{snap['parts']['p/t/0']}.json"
-    part.write_text(part.read_text().replace('"next_offset":', '"next_offset": ', 1))
+    part.write_text(part.read_text().replace('"rows":', '"rows": ', 1))
     fresh = MetadataLog(Admin(str(root), create=False).cluster.storage)
     assert fresh.state().to_snapshot() == a.cluster.state().to_snapshot()
     rc, out, _ = kafkalog("--cluster", root, "--json", "metadata", "--verify")

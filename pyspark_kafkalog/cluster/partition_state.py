@@ -141,6 +141,21 @@ class PartitionState:
                 "leader_epoch": self.leader_epoch, "last_producer": self.last_producer,
                 "open": self.open, "committed": self.committed, "aborted": self.aborted}
 
+    def to_row(self) -> list:
+        """The compact form of a snapshot part (docs/protocol.md §2): positions, not keys."""
+        return [self.next_offset, self.log_start_offset, self.leader_epoch, self.last_producer,
+                self.open, self.committed, self.aborted]
+
+    @classmethod
+    def from_row(cls, row: list) -> "PartitionState":
+        """From a freshly decoded part (its lists are this state's own); the part's hash has
+        been checked, and a row of the wrong shape raises TypeError or ValueError."""
+        n, lso, epoch, producer, open_, committed, aborted = row
+        if not (type(n) is int and type(lso) is int and type(epoch) is int
+                and type(open_) is dict and type(committed) is list and type(aborted) is list):
+            raise ValueError(f"partition row of the wrong shape: {row!r:.80}")
+        return cls(n, lso, epoch, producer, open_, committed, aborted)
+
     @classmethod
     def from_json(cls, d: dict) -> "PartitionState":
         return cls(d["next_offset"], d["log_start_offset"], d["leader_epoch"],

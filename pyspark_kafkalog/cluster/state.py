@@ -21,6 +21,7 @@ from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
 from . import actions as A
 from .features import check_readable, unknown_features
+from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
 from .snapshot_shape import check_snapshot
 
@@ -45,7 +46,7 @@ class ClusterState:
         self.seq = -1
         self.timestamp = -1
         self.topics: Dict[str, dict] = {}
-        self.partitions: Dict[str, PartitionState] = {}
+        self.partitions: CowMap[PartitionState] = CowMap()
         self.txns: Dict[str, dict] = {}            # open txns only
         self.decided: Dict[str, str] = {}          # txn -> "committed" | "aborted" (bounded)
         self.acls: List[dict] = []
@@ -65,12 +66,13 @@ class ClusterState:
     # -- copy-on-write ------------------------------------------------------------------------
 
     def copy(self) -> "ClusterState":
-        """A state that can replay further without changing this one. O(number of keys) in
-        C-level dict copies, no per-partition work: partitions, topics and transactions are
-        shared until one of the two changes them."""
+        """A state that can replay further without changing this one: partitions, topics and
+        transactions are shared until one of the two changes them. The partition index is a
+        copy-on-write map (O(recent changes)); topics and open transactions are plain dicts,
+        small next to it."""
         c = ClusterState.__new__(ClusterState)
         c.seq, c.timestamp = self.seq, self.timestamp
-        c.topics, c.partitions, c.txns = dict(self.topics), dict(self.partitions), dict(self.txns)
+        c.topics, c.partitions, c.txns = dict(self.topics), self.partitions.copy(), dict(self.txns)
         c.decided, c.acls, c.deleted_topics = self.decided, self.acls, self.deleted_topics
         c.reader_features, c.writer_features = list(self.reader_features), list(self.writer_features)
         c.results = dict(self.results)
@@ -147,12 +149,13 @@ class ClusterState:
                 "writer_features": self.writer_features}
 
     @classmethod
-    def from_snapshot(cls, d) -> "ClusterState":
+    def from_snapshot(cls, d, *, partitions: Optional[Dict[str, PartitionState]] = None
+                      ) -> "ClusterState":
         """The state a flat snapshot holds, after checking its whole shape: a snapshot is
         derived data, so one that does not hold together raises CorruptRecordError and the
         caller falls back to an older one (or to entry 0) instead of acting on it. A snapshot
         that needs a reader feature this client lacks raises UnsupportedVersionError."""
-        check_snapshot(d)
+        check_snapshot(d, partitions is not None)
         s = cls()
         s.seq, s.timestamp = d["seq"], d["timestamp"]
         s.reader_features = list(d.get("reader_features") or [])
@@ -160,7 +163,8 @@ class ClusterState:
         check_readable(s.reader_features, f"snapshot at {s.seq}")
         s.topics = {t: dict(info, configs=dict(info["configs"]), replicas=list(info["replicas"]))
                     for t, info in d["topics"].items()}
-        s.partitions = {k: PartitionState.from_json(v) for k, v in d["partitions"].items()}
+        s.partitions = CowMap(partitions if partitions is not None else {
+            k: PartitionState.from_json(v) for k, v in d["partitions"].items()})
         s.txns = {t: dict(info, ranges={k: list(r) for k, r in info["ranges"].items()})
                   for t, info in d["txns"].items()}
         s.decided, s.acls = dict(d["decided"]), [dict(a) for a in d["acls"]]
