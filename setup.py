@@ -8,8 +8,8 @@ from setuptools.command.build_ext import build_ext
 class OptionalBuildExt(build_ext):
     """Build the C accelerator if possible, else warn and go on.
 
-    ``pyspark_kafkalog.format.columnar`` falls back to its pure-Python loop (same results, slower)
-    when the extension is missing, so a machine without a compiler must still install.
+    ``pyspark_kafkalog.format.accel`` falls back to the pure-Python/numpy twins (same results,
+    slower) when an extension is missing, so a machine without a compiler must still install.
     """
 
     def run(self):
@@ -41,6 +41,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["pyspark_kafkalog", "pyspark_kafkalog.*"]),
+    # the C extensions' type stubs (format/accel.py loads the extensions)
+    package_data={"pyspark_kafkalog.format": ["*.pyi"]},
     ext_modules=[Extension("pyspark_kafkalog.format._columnar_accel",
                            ["pyspark_kafkalog/format/_columnar_accel.c",
                             "pyspark_kafkalog/format/_columnar_arrow.c"],

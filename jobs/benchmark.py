@@ -47,7 +47,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 from pyspark_kafkalog.format import codecs  # noqa: E402
 from pyspark_kafkalog.format.batch import (V2_HEADER_SIZE, iter_headers,  # noqa: E402
                                            validate as validate_batch)
-from pyspark_kafkalog.format import columnar  # noqa: E402
+from pyspark_kafkalog.format import accel  # noqa: E402
 from pyspark_kafkalog.format.columnar import decode_columns, to_arrow  # noqa: E402
 from pyspark_kafkalog.format.encode import encode_batch_v2, encode_message_set  # noqa: E402
 from pyspark_kafkalog.format.records import Record  # noqa: E402
@@ -198,12 +198,9 @@ def ours_decode_arrow(buf: bytes, crc: bool):
 
 
 def implementation() -> str:
-    """Which magic 2 record loop ``columnar`` runs (the C twin or the pure-Python one)."""
-    if columnar.ACCELERATED:
-        return "C extension (pyspark_kafkalog.format._columnar_accel)"
-    if os.environ.get("KAFKALOG_PURE_PYTHON") == "1":
-        return "pure Python (KAFKALOG_PURE_PYTHON=1)"
-    return "pure Python (the C extension is not built)"
+    """Which twins run (the C extensions or the pure-Python/numpy ones): ``format.accel``'s
+    choice, recorded with the results."""
+    return accel.describe()
 
 
 def kp_encode(chunks, magic: int, codec: int) -> bytes:

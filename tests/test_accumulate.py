@@ -391,7 +391,7 @@ def test_accumulator_checks_its_arguments():
 REENTRANT = """
 import sys, numpy as np, pyarrow as pa
 from pyspark_kafkalog.format import _encode_accel as C
-from pyspark_kafkalog.format.arrow_encode import _v2_header
+from pyspark_kafkalog.format.arrow_encode import v2_header
 from pyspark_kafkalog.format.columnar import decode_records
 one = lambda n, v: (pa.nulls(n, pa.binary()), pa.array(v), np.arange(n, dtype=np.int64), None,
                     None, np.zeros(n, np.int64), np.full(n, 10, np.int64))
@@ -408,7 +408,7 @@ try:
 except Exception:
     sys.exit(0)     # refusing is fine
 for _, buf, end, count, base_ts, max_ts in closed:      # what comes out must be valid
-    batch = _v2_header(memoryview(buf)[:end], count, base_ts, max_ts, 0)
+    batch = v2_header(memoryview(buf)[:end], count, base_ts, max_ts, 0)
     assert [r.offset for r in decode_records(bytes(batch.data))] == list(range(count))
 """
 

@@ -9,7 +9,6 @@ rest of the suite tests the Python loop alone.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import CASES, GOLDEN
 from pyspark_kafkalog.errors import CorruptRecordError
-from pyspark_kafkalog.format import _columnar_py, codecs, columnar
+from pyspark_kafkalog.format import _columnar_py, accel, codecs, columnar
 from pyspark_kafkalog.format.batch import iter_headers
 from pyspark_kafkalog.format.columnar import Columns, decode_batch_into, decode_columns, to_arrow
 from pyspark_kafkalog.format.encode import encode_batch_v2, encode_message_set
@@ -91,7 +90,7 @@ def both(fn):
 # -- the switch ------------------------------------------------------------------------------------
 
 def test_accelerated_flag_follows_the_extension_and_the_environment():
-    pure = os.environ.get("KAFKALOG_PURE_PYTHON") == "1"
+    pure = accel.PURE_PYTHON   # KAFKALOG_PURE_PYTHON=1, read once
     assert columnar.ACCELERATED == (_columnar_accel is not None and not pure)
     assert columnar._scan_v2 is (C if columnar.ACCELERATED else PY)
 

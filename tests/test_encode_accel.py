@@ -10,7 +10,6 @@ check the numpy path alone.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 
 import numpy as np
@@ -20,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from test_columnar_accel import BYTES, HEADERS, TIMESTAMPS
 from pyspark_kafkalog.errors import InvalidRecordError
-from pyspark_kafkalog.format import arrow_encode, codecs
+from pyspark_kafkalog.format import accel, arrow_encode, codecs
 from pyspark_kafkalog.format.arrow_encode import (HEADER_TYPE, chunk_bounds, encode_v2_chunks,
                                                   estimated_sizes)
 from pyspark_kafkalog.format.batch import V2_HEADER_SIZE
@@ -121,7 +120,7 @@ def check(recs, bounds, compression=codecs.NONE):
 # -- the switch -----------------------------------------------------------------------------------
 
 def test_accelerated_flag_follows_the_extension_and_the_environment():
-    pure = os.environ.get("KAFKALOG_PURE_PYTHON") == "1"
+    pure = accel.PURE_PYTHON   # KAFKALOG_PURE_PYTHON=1, read once
     assert arrow_encode.ACCELERATED == (_encode_accel is not None and not pure)
     assert arrow_encode._encode_records is (C if arrow_encode.ACCELERATED else None)
 

@@ -12,7 +12,6 @@ references.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +22,7 @@ from hypothesis import given, settings, strategies as st
 from kafka.partitioner.default import murmur2 as kp_murmur2
 
 from test_encode_accel import FakeArray   # the C checks take array look-alikes
-from pyspark_kafkalog.format import arrow_encode
+from pyspark_kafkalog.format import accel, arrow_encode
 from pyspark_kafkalog.format.arrow_encode import murmur2_array, partitions_for_keys
 from pyspark_kafkalog.format.partitioner import murmur2, partition_for_key
 
@@ -101,7 +100,7 @@ def check(arr, counts=PARTITION_COUNTS):
 # -- the switch -----------------------------------------------------------------------------------
 
 def test_c_kernels_follow_the_extension_and_the_environment():
-    pure = os.environ.get("KAFKALOG_PURE_PYTHON") == "1"
+    pure = accel.PURE_PYTHON   # KAFKALOG_PURE_PYTHON=1, read once
     on = C_HASHES is not None and not pure
     assert arrow_encode._murmur2_hashes is (C_HASHES if on else None)
     assert arrow_encode._murmur2_partitions is (C_PARTITIONS if on else None)

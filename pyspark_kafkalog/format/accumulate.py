@@ -30,14 +30,15 @@ import numpy as np
 import pyarrow as pa
 
 from . import codecs
-from .arrow_encode import (_accel, EncodeInput, Piece, _v2_batch, _v2_header, chunk_bounds,
-                           encode_pieces, estimated_sizes, slice_pieces)
+from . import accel
+from .arrow_encode import (EncodeInput, Piece, chunk_bounds, encode_pieces, estimated_sizes,
+                           slice_pieces, v2_batch, v2_header)
 from .batch import V2_HEADER_SIZE
 from .encode import EncodedBatch, check_batch_size
 from .records import MAGIC_V2
 
 #: The C accumulator, or None (no compiler, or ``KAFKALOG_PURE_PYTHON=1``); tests swap it.
-_Accumulator = getattr(_accel, "Accumulator", None)
+_Accumulator = getattr(accel.ENCODE, "Accumulator", None)
 
 Closed = Tuple[int, EncodedBatch]   # (partition, batch)
 
@@ -97,9 +98,9 @@ class BatchAccumulator:
             if self.compression:
                 payload = codecs.compress(self.compression, view[V2_HEADER_SIZE:], MAGIC_V2,
                                           level=self.level)
-                batch = _v2_batch(payload, count, base_ts, max_ts, self.compression)
+                batch = v2_batch(payload, count, base_ts, max_ts, self.compression)
             else:
-                batch = _v2_header(view, count, base_ts, max_ts, self.compression)
+                batch = v2_header(view, count, base_ts, max_ts, self.compression)
             # records_limit bounds every batch of more than one record: only one record can fail
             check_batch_size(batch, self.max_message_bytes, f"{self.topic}-{p}")
             out.append((p, batch))

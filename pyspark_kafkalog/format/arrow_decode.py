@@ -12,22 +12,22 @@ bound rows and bytes), two with (count, then fill).
 
 It is a fast path, not a second set of rules: the same C parser validates records, and anything
 it does not take (magic 0/1 entries, a corrupt batch, a timestamp Spark cannot hold, more than
-2 GiB in a column, no C extension) returns None so that the caller uses
+2 GiB in a column, no C extension: ``format/accel.py``) returns None so that the caller uses
 :func:`.columnar.decode_columns`, which gives the rows or the exact error.
 """
 from __future__ import annotations
 
 from typing import Optional
 
-from . import codecs
-from .columnar import _accel
-from .crc import _crc32c as crc32c
+from . import accel, codecs
+from .crc import package_crc32c as crc32c
 from .records import MAGIC_V2
 
+#: The C route (``_columnar_accel.scan_run_arrow``), or None.
+_scan_run_arrow = getattr(accel.COLUMNAR, "scan_run_arrow", None)
 #: Whether :func:`decode_spark_arrays` can ever take a run (the C extension and crc32c are
 #: there).
-AVAILABLE: bool = (_accel is not None and hasattr(_accel, "scan_run_arrow")
-                   and crc32c is not None)
+AVAILABLE: bool = _scan_run_arrow is not None and crc32c is not None
 
 
 def _binary(pa, typ, rows: int, nulls: int, validity, offsets, data):
@@ -54,8 +54,8 @@ def decode_spark_arrays(buf, *, with_headers: bool) -> Optional[dict]:
         return None
     import pyarrow as pa
 
-    got = _accel.scan_run_arrow(buf, with_headers, pa.allocate_buffer, crc32c, _decompress,
-                                _lz4_into())
+    got = _scan_run_arrow(buf, with_headers, pa.allocate_buffer, crc32c, _decompress,
+                          _lz4_into())
     if got is None:
         return None
     rows, knulls, vnulls, nheaders, hvnulls, b = got

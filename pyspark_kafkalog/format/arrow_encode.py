@@ -11,7 +11,8 @@ the bottleneck of any Spark job. Here a whole column chunk is encoded with numpy
 
 The records section exists twice: a C extension (``_encode_accel``, built when a compiler is
 available) writes it in two passes straight into one buffer, and the numpy/Arrow code above is
-the fallback and reference; ``KAFKALOG_PURE_PYTHON=1`` forces it. Both give the same bytes.
+the fallback and reference; ``format/accel.py`` chooses (``KAFKALOG_PURE_PYTHON=1`` forces the
+fallback). Both give the same bytes.
 
 Rows buffered per partition as pieces (:class:`Piece`: an input batch and the numbers of its
 rows) are taken and encoded a batch's worth at a time by :func:`encode_pieces`: the route of the
@@ -28,7 +29,6 @@ the numpy code as the fallback.
 """
 from __future__ import annotations
 
-import os
 import struct
 from typing import List, NamedTuple, Optional, Sequence
 
@@ -37,23 +37,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InvalidRecordError
-from . import codecs
+from . import accel, codecs
 from .batch import LOG_OVERHEAD, V2_CRC_START, V2_HEADER, V2_HEADER_SIZE
 from .crc import crc32c
 from .encode import EncodedBatch, encode_records
 from .records import MAGIC_V2, Record
 
-_accel = None
-if os.environ.get("KAFKALOG_PURE_PYTHON", "") != "1":
-    try:
-        from . import _encode_accel as _accel
-    except ImportError:   # no compiler at install time: the numpy code gives the same bytes
-        _accel = None
-
 #: True when :func:`encode_v2_chunks` builds the records section in C.
-ACCELERATED: bool = _accel is not None
+ACCELERATED: bool = accel.ENCODE is not None
 #: The C records builder, or None for the numpy one; tests swap it to compare the two.
-_encode_records = _accel.encode_v2_records if _accel is not None else None
+_encode_records = accel.ENCODE.encode_v2_records if accel.ENCODE is not None else None
 
 _EMPTY = pa.scalar(b"", pa.binary())
 _BINARY = pa.binary()
@@ -246,7 +239,7 @@ def encode_v2_chunks(key: pa.Array, value: pa.Array, timestamps: np.ndarray,
         payload = view[offs[a]:offs[b]]
         if compression:
             payload = codecs.compress(compression, payload, MAGIC_V2, level=level)
-        out.append(_v2_batch(payload, b - a, int(timestamps[a]), int(max_ts[i]), compression))
+        out.append(v2_batch(payload, b - a, int(timestamps[a]), int(max_ts[i]), compression))
     return out
 
 
@@ -286,18 +279,18 @@ def _records_numpy(key: pa.Array, value: pa.Array, timestamps: np.ndarray,
     return _data(records)
 
 
-def _v2_batch(payload, count: int, base_ts: int, max_ts: int, compression: int) -> EncodedBatch:
+def v2_batch(payload, count: int, base_ts: int, max_ts: int, compression: int) -> EncodedBatch:
     """The batch header in front of ``payload``, in a buffer from Arrow's pool (fresh memory
     from the C allocator would be page-faulted in again for every batch): the payload is
     copied once, and the producer stamps the result in place (``assign_offsets(in_place=True)``)."""
     size = V2_HEADER_SIZE + len(payload)
     data = memoryview(pa.allocate_buffer(size)).cast("B")
     data[V2_HEADER_SIZE:] = memoryview(payload).cast("B")
-    return _v2_header(data, count, base_ts, max_ts, compression)
+    return v2_header(data, count, base_ts, max_ts, compression)
 
 
-def _v2_header(data: memoryview, count: int, base_ts: int, max_ts: int,
-               compression: int) -> EncodedBatch:
+def v2_header(data: memoryview, count: int, base_ts: int, max_ts: int,
+              compression: int) -> EncodedBatch:
     """Writes the header into the first ``V2_HEADER_SIZE`` bytes of ``data`` (a writable view
     whose records follow) and the CRC over the header's tail and the records, in place."""
     V2_HEADER.pack_into(data, 0, 0, len(data) - LOG_OVERHEAD, -1, MAGIC_V2, 0, compression,
@@ -431,8 +424,8 @@ _M = np.uint32(0x5BD1E995)
 #: The C murmur2 kernels of ``_encode_accel`` (same bits, much faster), or None for the numpy
 #: code below, their fallback and reference; tests swap them to compare the two. ``getattr``:
 #: an extension built before they existed still serves ``_encode_records``.
-_murmur2_hashes = getattr(_accel, "murmur2_hashes", None)
-_murmur2_partitions = getattr(_accel, "murmur2_partitions", None)
+_murmur2_hashes = getattr(accel.ENCODE, "murmur2_hashes", None)
+_murmur2_partitions = getattr(accel.ENCODE, "murmur2_partitions", None)
 
 
 def murmur2_array(arr: pa.Array) -> np.ndarray:

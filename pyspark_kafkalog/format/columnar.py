@@ -9,11 +9,11 @@ decoding implementation, not two.
 
 The magic 2 record loop exists twice, as in aiokafka: a C extension (``_columnar_accel``, built
 when a compiler is available) and the pure-Python reference in ``_columnar_py``. Both produce the
-same columns and the same errors; ``KAFKALOG_PURE_PYTHON=1`` forces the Python one.
+same columns and the same errors; ``format/accel.py`` chooses (``KAFKALOG_PURE_PYTHON=1`` forces
+the Python one).
 """
 from __future__ import annotations
 
-import os
 import struct
 from array import array
 from operator import attrgetter
@@ -21,23 +21,16 @@ from typing import List, Optional
 
 from ..errors import CorruptRecordError
 from . import _columnar_py as _py
-from . import codecs
+from . import accel, codecs
 from .batch import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, RECORD_OVERHEAD_V0, V2_HEADER_SIZE,
                     BatchHeader, read_header, validate as validate_batch)
 from .records import (COMPRESSION_MASK, CREATE_TIME, LOG_APPEND_TIME, MAGIC_V1, MAGIC_V2,
                       NO_TIMESTAMP_TYPE, TIMESTAMP_TYPE_BIT, DecodedRecord)
 
-_accel = None
-if os.environ.get("KAFKALOG_PURE_PYTHON", "") != "1":
-    try:
-        from . import _columnar_accel as _accel
-    except ImportError:   # no compiler at install time: the Python loop gives the same results
-        _accel = None
-
 #: True when the magic 2 record loop runs in C.
-ACCELERATED: bool = _accel is not None
+ACCELERATED: bool = accel.COLUMNAR is not None
 #: The magic 2 record loop; tests swap it to compare the implementations.
-_scan_v2 = _accel.scan_v2 if _accel is not None else _py.scan_v2
+_scan_v2 = accel.COLUMNAR.scan_v2 if accel.COLUMNAR is not None else _py.scan_v2
 
 _I32_MAX = (1 << 31) - 1
 _LENGTH = struct.Struct(">i").unpack_from
