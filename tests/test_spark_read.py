@@ -149,7 +149,7 @@ def test_schema_is_sparks_kafka_schema(kspark):
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from pyspark_kafkalog.cluster.range_reader import arrow_schema
-    from pyspark_kafkalog.spark.datasource import kafka_schema
+    from pyspark_kafkalog.spark.schema import kafka_schema
     for headers in (False, True):
         assert to_arrow_schema(kafka_schema(headers), timezone="UTC").equals(arrow_schema(headers))
     df = load(kspark, GOLDEN, subscribe="m2-none-create")

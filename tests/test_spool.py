@@ -18,7 +18,7 @@ import random
 import pytest
 
 from pyspark_kafkalog.errors import AlreadyExistsError, KafkaLogError
-from pyspark_kafkalog.storage import local as local_mod
+from pyspark_kafkalog.storage import posix_io
 from pyspark_kafkalog.storage.local import LocalStorage
 from pyspark_kafkalog.storage.local_spool import LocalDirectSpool, LocalSpool
 from spool_support import ALIGN, HAS_DIRECT, needs_direct, temp_files, segment_files, spy_os
@@ -110,7 +110,7 @@ def test_spool_publishes_the_appended_bytes_with_the_patches(tmp_path, total, di
     pwritevs = []
     spy_os(monkeypatch, open=spy_open, close=spy_close, pwrite=spy_pwrite, fsync=spy_fsync,
            preadv=spy_preadv)
-    spy_os(monkeypatch, local_mod, pwritev=spy_pwritev)   # local._writev_all
+    spy_os(monkeypatch, posix_io, pwritev=spy_pwritev)   # posix_io.writev_all
     st = _storage(tmp_path, direct, fsync=total % 2 == 0)
     spool = st.open_spool("t-0", "x.log", 61)
     assert type(spool) is (LocalDirectSpool if direct else LocalSpool)
@@ -178,7 +178,7 @@ def test_direct_spool_rewrites_only_the_blocks_of_piece_heads(tmp_path, monkeypa
     nothing back and writes one run per group of adjacent head blocks, plus the last block."""
     rng = random.Random(9)
     pwrites, reads = [], []
-    spy_os(monkeypatch, local_mod, pwritev=lambda fd, d, p: pwrites.append(
+    spy_os(monkeypatch, posix_io, pwritev=lambda fd, d, p: pwrites.append(
         (p, sum(map(len, d)))) or os.pwritev(fd, d, p))
     spy_os(monkeypatch, preadv=lambda *a: reads.append(a) or os.preadv(*a))
     st = _storage(tmp_path, True, fsync=True)

@@ -14,11 +14,11 @@ import random
 import pytest
 
 from pyspark_kafkalog.errors import AlreadyExistsError, InvalidConfigError
-from pyspark_kafkalog.storage import local as local_mod, open_storage
+from pyspark_kafkalog.storage import local as local_mod, open_storage, posix_io
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="O_DIRECT is Linux-only")
 
-MIN, ALIGN, CHUNK = local_mod._DIRECT_MIN, local_mod._DIRECT_ALIGN, local_mod._DIRECT_CHUNK
+MIN, ALIGN, CHUNK = local_mod._DIRECT_MIN, posix_io.DIRECT_ALIGN, posix_io.DIRECT_CHUNK
 
 
 def _pieces(rng, total):
@@ -153,13 +153,13 @@ def _thp_eligible(addr):
 def test_the_staging_buffer_is_kept_per_thread_aligned_to_a_huge_page_and_advised():
     import ctypes
     import threading
-    view = local_mod._staging_buffer()
+    view = posix_io.staging_buffer()
     assert len(view) == CHUNK and not view.readonly
     addr = ctypes.addressof(ctypes.c_char.from_buffer(view))
     assert addr % (2 << 20) == 0                          # a huge page
-    assert local_mod._staging_buffer() is view           # kept: its pages stay mapped
+    assert posix_io.staging_buffer() is view            # kept: its pages stay mapped
     other = []
-    t = threading.Thread(target=lambda: other.append(local_mod._staging_buffer()))
+    t = threading.Thread(target=lambda: other.append(posix_io.staging_buffer()))
     t.start()
     t.join()
     assert other and other[0] is not view                # one per thread: writers in parallel

@@ -13,6 +13,7 @@ from ..format import codecs
 from ..format.checkpoint import validate_topic_name
 from .cluster_common import (OUTPUT_HELP, columns, emit_rows, non_negative,
                              open_admin)
+from .jsonlines import parse_records
 
 ACK_COLUMNS = columns("topic", "partition", "offset")
 OFFSET_COLUMNS = columns("topic", "partition", "offset", "timestamp")
@@ -34,7 +35,6 @@ def _check_partition(admin, topic: str, partition):
 def run_produce(args) -> int:
     """Validate the options and every input line, then write all records as one atomic unit
     through ``Admin.produce`` (Kafka's default partitioner unless ``--partition``)."""
-    from .produce import parse_records
     validate_topic_name(args.topic)
     non_negative(args.partition, "--partition")
     admin = open_admin(args, "produce")

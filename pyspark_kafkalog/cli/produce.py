@@ -5,26 +5,25 @@ plain Kafka log dir as a broker would. ``--cluster URL`` (protocol mode, cluster
 to a topic of a kafkalog cluster through the metadata log. Exactly one of the two is required.
 
 Input lines: ``{"key": b64|null, "value": b64|null, "headers": [{"key": str, "value": b64|null}],
-"timestamp": ms}`` (every field optional). All input is read and validated before anything is
-written, so bad input changes nothing. Output: one JSON line per record with the offset assigned.
+"timestamp": ms}`` (every field optional), read by jsonlines.py for both modes. All input is read
+and validated before anything is written, so bad input changes nothing. Output: one JSON line per
+record with the offset assigned.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import sys
 import time
-from typing import List
 
-from ..errors import InvalidConfigError, InvalidRecordError
+from ..errors import InvalidConfigError
 from ..format import codecs
 from ..format.encode import encode_records
-from ..format.records import CREATE_TIME, LOG_APPEND_TIME, Record, parse_timestamp_type
+from ..format.records import CREATE_TIME, LOG_APPEND_TIME, parse_timestamp_type
 from ..log.config import LogConfig
 from ..log.logdir import LogDir
 from ..storage import open_storage
 from .cluster_common import refuse_cluster_dir, storage_options
+from .jsonlines import parse_records
 
 DEFAULT_LEADER_EPOCH = 0
 MAX_BATCH_BYTES = 1 << 20
@@ -97,85 +96,6 @@ def dispatch(args) -> int:
     if args.compression is None:
         args.compression = "none"
     return run(args)
-
-
-def _b64(value, what: str, lineno: int):
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise InvalidRecordError(f"line {lineno}: {what} must be base64 text or null")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidRecordError(f"line {lineno}: {what} is not valid base64") from None
-
-
-#: A timestamp is a Java long; Kafka's producer takes none below 0 (null, -1 here, is "none").
-_MAX_TIMESTAMP = 2**63 - 1
-
-
-def _headers(value, lineno: int):
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidRecordError(f"line {lineno}: headers must be a JSON array of "
-                                 "{\"key\": str, \"value\": base64|null} objects")
-    headers = []
-    for h in value:
-        if not isinstance(h, dict) or not isinstance(h.get("key"), str):
-            raise InvalidRecordError(f"line {lineno}: each header needs a string 'key'")
-        try:   # the key is written as UTF-8: a lone surrogate (JSON "\ud800") has none
-            h["key"].encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidRecordError(f"line {lineno}: header key {h['key']!r} is not valid "
-                                     "Unicode (a lone surrogate)") from None
-        headers.append((h["key"], _b64(h.get("value"), "header value", lineno)))
-    return headers
-
-
-def _timestamp(value, lineno: int) -> int:
-    """The batch header and the records store it as a signed 64-bit int: anything else would
-    only fail (or wrap) at encoding, after the input was said to be valid."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InvalidRecordError(f"line {lineno}: timestamp must be an integer (ms), "
-                                 f"got {json.dumps(value)}")
-    if not -1 <= value <= _MAX_TIMESTAMP:
-        raise InvalidRecordError(f"line {lineno}: timestamp {value} is out of range: Kafka "
-                                 f"takes -1 (none) or 0 to {_MAX_TIMESTAMP} ms")
-    return value
-
-
-def parse_records(lines, *, magic: int, now_ms: int) -> List[Record]:
-    """Every line checked against what the format can store, so that bad input fails here,
-    naming its line, and never halfway through a write."""
-    records = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InvalidRecordError(f"line {lineno}: not valid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise InvalidRecordError(f"line {lineno}: JSON nested too deeply") from None
-        if not isinstance(obj, dict):
-            raise InvalidRecordError(f"line {lineno}: expected a JSON object")
-        unknown = set(obj) - {"key", "value", "headers", "timestamp"}
-        if unknown:
-            raise InvalidRecordError(f"line {lineno}: unknown fields {sorted(unknown)}")
-        headers = _headers(obj.get("headers"), lineno)
-        if headers and magic < 2:
-            raise InvalidRecordError(f"line {lineno}: headers need --message-format-version 2")
-        ts = obj.get("timestamp")
-        if ts is None:
-            ts = now_ms if magic > 0 else -1
-        else:
-            ts = _timestamp(ts, lineno)
-        if magic == 0:
-            ts = -1
-        records.append(Record(_b64(obj.get("key"), "key", lineno),
-                              _b64(obj.get("value"), "value", lineno), ts, tuple(headers)))
-    return records
 
 
 def _batches(records, size: int):

@@ -3,22 +3,9 @@ format on storage. Thin by design: planning and I/O live in the layers below."""
 from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource
-from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, StringType,
-                               StructField, StructType, TimestampType)
 
 from .options import ReadOptions, WriteOptions
-
-
-def kafka_schema(include_headers: bool = False) -> StructType:
-    """Exactly the schema of Spark's built-in Kafka source."""
-    fields = [StructField("key", BinaryType()), StructField("value", BinaryType()),
-              StructField("topic", StringType()), StructField("partition", IntegerType()),
-              StructField("offset", LongType()), StructField("timestamp", TimestampType()),
-              StructField("timestampType", IntegerType())]
-    if include_headers:
-        fields.append(StructField("headers", ArrayType(StructType([
-            StructField("key", StringType()), StructField("value", BinaryType())]))))
-    return StructType(fields)
+from .schema import kafka_schema
 
 
 class KafkaLogDataSource(DataSource):

@@ -32,6 +32,7 @@ from ..errors import InvalidConfigError
 from ..log.segment import ReadStats
 from . import worker_gc
 from .read_options import ReadOptions
+from .schema import kafka_schema
 
 _NEVER_NULL = {"topic", "partition", "offset", "timestamp", "timestampType"}
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
@@ -150,7 +151,6 @@ def _append_stats(path: str, record: dict) -> None:
 
 class KafkaLogReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema):
-        from .datasource import kafka_schema
         expected = kafka_schema(options.include_headers)
         if schema is not None and schema != expected:
             raise InvalidConfigError(

@@ -9,11 +9,9 @@ import errno
 import logging
 import os
 import shutil
-import threading
 from typing import Optional
 
 from ..errors import AlreadyExistsError, InvalidConfigError, StorageNotFoundError
-from ..format.arena import huge_page_mapping
 from .base import (
     FileInfo,
     Storage,
@@ -23,87 +21,14 @@ from .base import (
     storage_errors,
     temp_name_for,
 )
+from .local_spool import LocalDirectSpool, LocalSpool
+from .posix_io import NO_LINK_ERRNOS, ensure_dir, unlink_quietly, write_direct, writev_all
 
 log = logging.getLogger(__name__)
 
-# errno values meaning "this filesystem cannot hard-link" (FAT, some FUSE/SMB mounts), as opposed
-# to "the target exists" (EEXIST) or a real I/O failure.
-_NO_LINK_ERRNOS = frozenset(
-    getattr(errno, name) for name in ("EPERM", "ENOTSUP", "EOPNOTSUPP", "EXDEV", "EMLINK", "ENOSYS")
-    if hasattr(errno, name))
-
-
-_IOV_MAX = 1024   # POSIX's minimum IOV_MAX is 16, Linux and macOS allow 1024
-
-#: O_DIRECT needs buffer addresses, lengths and file offsets aligned to the device's logical
-#: block: 4096 covers 512-byte and 4K-native devices alike.
-_DIRECT_ALIGN = 4096
 #: Smaller files are written through the page cache: for them the copy into the aligned staging
 #: buffer and the extra calls cost more than the page cache does.
 _DIRECT_MIN = 1 << 20
-_DIRECT_CHUNK = 4 << 20
-_staging = threading.local()
-
-
-def _staging_buffer() -> memoryview:
-    """This thread's staging buffer for O_DIRECT writes: private memory, aligned to and advised
-    as transparent huge pages where the OS has them, and kept, so later writes do not fault its
-    pages in again. Huge pages because the kernel pins every page of an O_DIRECT write's buffer
-    and hands the device one piece per page: fewer, larger pieces take less time and CPU
-    (docs/performance.md)."""
-    view = getattr(_staging, "view", None)
-    if view is None:
-        buf, start = huge_page_mapping(_DIRECT_CHUNK)
-        _staging.buf = buf
-        view = _staging.view = memoryview(buf)[start:start + _DIRECT_CHUNK]
-    return view
-
-
-def _write_direct(fd: int, views: list, total: int) -> bool:
-    """Write ``views`` back to back to the O_DIRECT ``fd`` through the staging buffer, the last
-    block zero-padded and then cut off with ``ftruncate``; False on a short write (nothing is
-    promised about the file then: the caller writes it again without O_DIRECT)."""
-    out = _staging_buffer()
-    fill = 0
-
-    def flush(n: int) -> bool:
-        return os.write(fd, out[:n]) == n
-
-    for v in views:
-        pos = 0
-        while pos < len(v):
-            k = min(len(v) - pos, _DIRECT_CHUNK - fill)
-            out[fill:fill + k] = v[pos:pos + k]
-            fill += k
-            pos += k
-            if fill == _DIRECT_CHUNK:
-                if not flush(fill):
-                    return False
-                fill = 0
-    if fill:
-        padded = -(-fill // _DIRECT_ALIGN) * _DIRECT_ALIGN
-        out[fill:padded] = bytes(padded - fill)
-        if not flush(padded):
-            return False
-    os.ftruncate(fd, total)
-    return True
-
-
-def _writev_all(fd: int, views: list, at: Optional[int] = None) -> None:
-    """``os.writev`` (``os.pwritev`` from position ``at``) until every byte of ``views`` is
-    written (a write may stop anywhere)."""
-    i = 0
-    while i < len(views):
-        if at is None:
-            written = os.writev(fd, views[i:i + _IOV_MAX])
-        else:
-            written = os.pwritev(fd, views[i:i + _IOV_MAX], at)
-            at += written
-        while i < len(views) and written >= len(views[i]):
-            written -= len(views[i])
-            i += 1
-        if written:
-            views[i] = views[i][written:]
 
 
 #: Filesystems whose files only this machine's kernel changes: a file mapped here cannot vanish
@@ -294,7 +219,7 @@ class LocalStorage(Storage):
     def _write_fd(self, fd: int, data) -> None:
         """Write ``data`` (a buffer, or a list of buffers written back to back) and sync."""
         if isinstance(data, list) and hasattr(os, "writev"):
-            _writev_all(fd, [memoryview(p).cast("B") for p in data if len(p)])
+            writev_all(fd, [memoryview(p).cast("B") for p in data if len(p)])
         else:
             view = memoryview(b"".join(data) if isinstance(data, list) else data)
             while view:
@@ -321,7 +246,7 @@ class LocalStorage(Storage):
     def _write_temp(self, target: str, data: bytes) -> str:
         """A new, complete, synced temp file beside ``target``; returns its path."""
         directory, name = os.path.split(target)
-        _ensure_dir(directory)
+        ensure_dir(directory)
         if self._direct and isinstance(data, list):
             tmp = self._write_temp_direct(directory, name, data)
             if tmp is not None:
@@ -332,7 +257,7 @@ class LocalStorage(Storage):
             self._write_fd(fd, data)
         except BaseException:
             os.close(fd)
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise
         os.close(fd)
         return tmp
@@ -351,12 +276,12 @@ class LocalStorage(Storage):
             if e.errno != errno.EINVAL:
                 raise
             self._direct = False
-            _unlink_quietly(tmp)   # some kernels create the file before refusing O_DIRECT
+            unlink_quietly(tmp)   # some kernels create the file before refusing O_DIRECT
             log.info("%s: O_DIRECT refused (%s); writing through the page cache", self.url, e)
             return None
         done = False
         try:
-            done = _write_direct(fd, views, total)
+            done = write_direct(fd, views, total)
             if done and self._fsync:
                 os.fsync(fd)
         except OSError as e:
@@ -368,7 +293,7 @@ class LocalStorage(Storage):
         finally:
             os.close(fd)
             if not done:
-                _unlink_quietly(tmp)
+                unlink_quietly(tmp)
         return tmp if done else None
 
     def create_if_absent_pieces(self, path: str, pieces) -> None:
@@ -379,7 +304,6 @@ class LocalStorage(Storage):
     can_spool = True     # through the page cache, and with O_DIRECT (see local_spool)
 
     def open_spool(self, dir_path: str, hint: str, head: int = 0):
-        from .local_spool import LocalDirectSpool, LocalSpool
         directory = self._abs(dir_path, allow_root=True)
         with storage_errors("create", self._where(f"{dir_path}/{hint}")):
             if self._direct:
@@ -403,7 +327,7 @@ class LocalStorage(Storage):
                 except FileExistsError:
                     raise AlreadyExistsError(f"create {where}: already exists") from None
                 except OSError as e:
-                    if e.errno not in _NO_LINK_ERRNOS:
+                    if e.errno not in NO_LINK_ERRNOS:
                         raise
                     log.warning("%s: hard links unsupported (%s); create_if_absent falls back to "
                                 "O_EXCL and is no longer all-or-nothing", self.url, e)
@@ -412,17 +336,17 @@ class LocalStorage(Storage):
                     self._sync_dir(os.path.dirname(full))
                     return
                 finally:
-                    _unlink_quietly(tmp)
+                    unlink_quietly(tmp)
             self._create_exclusive(full, data)
 
     def _create_exclusive(self, full: str, data: bytes) -> None:
-        _ensure_dir(os.path.dirname(full))
+        ensure_dir(os.path.dirname(full))
         fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             self._write_fd(fd, data)
         except BaseException:
             os.close(fd)
-            _unlink_quietly(full)  # we own it: nobody else could have created it
+            unlink_quietly(full)  # we own it: nobody else could have created it
             raise
         os.close(fd)
         self._sync_dir(os.path.dirname(full))
@@ -434,7 +358,7 @@ class LocalStorage(Storage):
             try:
                 os.replace(tmp, full)
             except BaseException:
-                _unlink_quietly(tmp)
+                unlink_quietly(tmp)
                 raise
             self._sync_dir(os.path.dirname(full))
 
@@ -442,7 +366,7 @@ class LocalStorage(Storage):
         full = self._abs(path)
         with storage_errors("append", self._where(path)):
             directory = os.path.dirname(full)
-            _ensure_dir(directory)
+            ensure_dir(directory)
             created = not os.path.exists(full)
             fd = os.open(full, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -508,18 +432,5 @@ class LocalStorage(Storage):
 
     def makedirs(self, dir_path: str) -> None:
         with storage_errors("makedirs", self._where(dir_path)):
-            _ensure_dir(self._abs(dir_path, allow_root=True))
+            ensure_dir(self._abs(dir_path, allow_root=True))
 
-
-def _ensure_dir(directory: str) -> None:
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except FileExistsError as e:  # a file is in the way: an error, never a lost create race
-        raise NotADirectoryError(errno.ENOTDIR, "a file is where a directory should be", directory) from e
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -32,7 +32,8 @@ from typing import Sequence, Tuple
 
 from ..errors import AlreadyExistsError
 from .base import storage_errors, temp_name_for
-from .local import _DIRECT_ALIGN as _ALIGN, _DIRECT_CHUNK, _staging_buffer, _writev_all
+from .posix_io import (DIRECT_ALIGN as _ALIGN, DIRECT_CHUNK, NO_LINK_ERRNOS, ensure_dir,
+                       staging_buffer, unlink_quietly, writev_all)
 
 
 class LocalSpool:
@@ -40,10 +41,9 @@ class LocalSpool:
     a time."""
 
     def __init__(self, storage, directory: str, hint: str):
-        from .local import _ensure_dir
         self._storage = storage
         self._dir = directory
-        _ensure_dir(directory)
+        ensure_dir(directory)
         self._tmp = os.path.join(directory, temp_name_for(hint))
         os.close(os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         self.size = 0               # bytes appended
@@ -64,7 +64,7 @@ class LocalSpool:
             fd = self._open()
             try:
                 os.lseek(fd, self.size, os.SEEK_SET)
-                _writev_all(fd, views)
+                writev_all(fd, views)
             except BaseException:
                 self._done = True    # part of it may be written: only discard() is left
                 raise
@@ -102,7 +102,7 @@ class LocalSpool:
                         raise AlreadyExistsError(f"create {where}: already exists") from None
                     os.replace(self._tmp, full)
                 except OSError as e:
-                    if e.errno not in _no_link_errnos():
+                    if e.errno not in NO_LINK_ERRNOS:
                         raise
                     self._publish_without_link(full, where, replace)
                 st._sync_dir(self._dir)
@@ -124,7 +124,7 @@ class LocalSpool:
     def discard(self) -> None:
         """Delete the temp file (nothing if it was published); the spool is unusable after."""
         self._done = True
-        _unlink_quietly(self._tmp)
+        unlink_quietly(self._tmp)
 
 
 class LocalDirectSpool(LocalSpool):
@@ -183,7 +183,7 @@ class LocalDirectSpool(LocalSpool):
             self._want.update(range(pos // _ALIGN, (pos + min(self._head, len(v)) - 1) // _ALIGN
                                     + 1) if self._head else ())
             pos += len(v)
-        out = _staging_buffer()
+        out = staging_buffer()
         fill = len(self._tail)
         at = self.size - fill          # a block boundary
         out[:fill] = self._tail
@@ -193,10 +193,10 @@ class LocalDirectSpool(LocalSpool):
                 for v in views:
                     i = 0
                     while i < len(v):
-                        k = min(len(v) - i, _DIRECT_CHUNK - fill)
+                        k = min(len(v) - i, DIRECT_CHUNK - fill)
                         out[fill:fill + k] = v[i:i + k]
                         fill, i = fill + k, i + k
-                        if fill == _DIRECT_CHUNK:
+                        if fill == DIRECT_CHUNK:
                             self._write_blocks(fd, out, fill, at)
                             at, fill = at + fill, 0
                 whole = fill - fill % _ALIGN
@@ -220,7 +220,7 @@ class LocalDirectSpool(LocalSpool):
         return got
 
     def _read_block(self, b: int) -> bytes:
-        out = _staging_buffer()
+        out = staging_buffer()
         fd = os.open(self._tmp, os.O_RDONLY | os.O_DIRECT)
         try:
             n = os.preadv(fd, [out[:_ALIGN]], b * _ALIGN)
@@ -247,20 +247,8 @@ class LocalDirectSpool(LocalSpool):
         run: list = []                  # consecutive blocks, written in one call
         for b in sorted(blocks) + [None]:
             if run and (b is None or b != run[-1] + 1):
-                _writev_all(fd, [memoryview(blocks[r]) for r in run], run[0] * _ALIGN)
+                writev_all(fd, [memoryview(blocks[r]) for r in run], run[0] * _ALIGN)
                 run = []
             if b is not None:
                 run.append(b)
         os.ftruncate(fd, self.size)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _no_link_errnos():
-    from .local import _NO_LINK_ERRNOS
-    return _NO_LINK_ERRNOS
