@@ -2,22 +2,12 @@
 input), 1 trouble with the data or the storage."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
+from cli_support import run_cli as kafkalog
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.format.records import Record
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def kafkalog(*argv):
-    proc = subprocess.run([sys.executable, "-m", "pyspark_kafkalog.cli.main", *map(str, argv)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def test_help_states_the_exit_statuses():

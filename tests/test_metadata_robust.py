@@ -4,37 +4,23 @@ with a wrong field applies whole or not at all, a snapshot is never trusted on i
 `kafkalog metadata --verify | --repair` find and get past what is wrong."""
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_support import digests as listing, run_cli as kafkalog
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.metalog import MetadataLog, entry_name, snapshot_name
 from pyspark_kafkalog.cluster.state import ClusterState
 from pyspark_kafkalog.errors import CorruptRecordError
 from pyspark_kafkalog.format.records import Record
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = [["topics", "--list"], ["consume", "--topic", "t"], ["offsets", "--topic", "t"],
             ["produce", "--topic", "t"], ["cleanup"], ["retention"],
             ["delete-records", "--offset-json-file", "-"], ["log-dirs", "--describe"]]
 
 
-def kafkalog(*argv, stdin: str = ""):
-    proc = subprocess.run([sys.executable, "-m", "pyspark_kafkalog.cli.main", *map(str, argv)],
-                          input=stdin, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return proc.returncode, proc.stdout, proc.stderr
-
-
-def listing(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture

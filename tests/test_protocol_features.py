@@ -4,22 +4,18 @@ every command, the admin API and the Spark reader and writer refuse with UNSUPPO
 writing nothing; a writer feature it lacks still lets it read but not write."""
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_support import digests as listing, run_cli
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster import features
 from pyspark_kafkalog.cluster.metalog import entry_name
 from pyspark_kafkalog.errors import UnsupportedVersionError
 from pyspark_kafkalog.format.records import Record
 
-ROOT = Path(__file__).resolve().parents[1]
 READS = [["topics", "--list"], ["topics", "--describe"], ["consume", "--topic", "t"],
          ["offsets", "--topic", "t"], ["log-dirs", "--describe"], ["features", "--list"],
          ["retention", "--dry-run"]]
@@ -35,16 +31,8 @@ STDIN = {"produce": '{"value": null}\n',
 
 
 def kafkalog(*argv):
-    proc = subprocess.run([sys.executable, "-m", "pyspark_kafkalog.cli.main", *map(str, argv)],
-                          input=STDIN.get(argv[2] if len(argv) > 2 else "", ""),
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return proc.returncode, proc.stdout, proc.stderr
+    return run_cli(*argv, stdin=STDIN.get(argv[2] if len(argv) > 2 else "", ""))
 
-
-def listing(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from ..log.segment import ReadStats
 from ..storage import open_storage
 from . import actions as A
 from .features import check_writable, known as known_features
-from .maintenance import is_deleted_topic_dir
+from .garbage import is_deleted_topic_dir
 from .metalog import META_DIR, MetadataLog, entry_name
 from .state import ClusterState, PartitionState
 

@@ -19,11 +19,11 @@ from ..errors import KafkaLogError, StorageNotFoundError, error_for
 from ..log.segment import LogSegment
 from . import actions as A
 from .checkpoints import sync_checkpoints
+from .garbage import SEGMENT_SUFFIXES, is_deleted_topic_dir, is_garbage_segment
 from .state import ClusterState, split_key, tp_key
 
 TopicPartition = Tuple[str, int]
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
-SEGMENT_SUFFIXES = (".log", ".index", ".timeindex", ".txnindex")
 
 
 @dataclass
@@ -394,32 +394,3 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
                                     delete_below_log_start(cluster, state, topic, p)]
     sync_checkpoints(cluster, state, cluster.partitions(state), log_dir_files=True)
     return removed
-
-
-def is_garbage_segment(ps, base: int, has_log: bool) -> bool:
-    """The protocol's garbage rule for the files of one segment base in a live partition (§7).
-    A ``.log`` goes only in an aborted range (segments below the log start offset that still
-    have one are for ``delete_below_log_start``, which applies Kafka's rule to them). Indexes
-    without their ``.log`` are never read; they go unless a write the state knows of, or does
-    not know of yet, may still be writing them (``.log`` is written last)."""
-    if has_log:
-        return ps.is_aborted(base) and not ps.is_committed(base)
-    return base < ps.next_offset and not ps.in_open_range(base)
-
-
-def is_deleted_topic_dir(cluster, state: ClusterState, path: str, topic: str) -> bool:
-    """A partition directory is a deleted topic's only on positive evidence: its
-    ``partition.metadata`` names a topic id that the metadata log deleted (or that is no longer
-    the id of a live topic of that name), or, without that file, its topic's name was deleted."""
-    from ..format.checkpoint import parse_partition_metadata
-    try:
-        topic_id = parse_partition_metadata(
-            cluster.storage.read(f"{path}/partition.metadata").decode("utf-8", "replace"))
-    except (StorageNotFoundError, KafkaLogError, ValueError):
-        topic_id = None
-    if topic_id is not None:
-        if topic_id in state.deleted_topics:
-            return True
-        live = state.topics.get(topic)
-        return live is not None and live["topic_id"] != topic_id
-    return topic in state.deleted_topics.values()

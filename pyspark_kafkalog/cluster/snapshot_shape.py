@@ -20,24 +20,18 @@ _TOPIC = record_of({"topic_id": (check_str, True), "partitions": (check_int, Tru
 _TXN = record_of({"deadline": (check_int, True), "producer": (check_str, True),
                 "ranges": (dict_of(check_tp_key, check_range), True), "seq": (check_int, False),
                 "timeout_ms": (check_int, False)})
-_SNAPSHOT = record_of({"seq": (check_int, True), "timestamp": (check_int, True),
-                     "topics": (dict_of(check_str, _TOPIC), True),
-                     "partitions": (dict_of(check_tp_key, _PARTITION), True),
-                     "txns": (dict_of(check_str, _TXN), True),
-                     "decided": (dict_of(check_str, check_str), True),
-                     "acls": (list_of(ACL), True),
-                     "deleted_topics": (dict_of(check_str, check_str), False),
-                     "reader_features": (list_of(check_str), False),
-                     "writer_features": (list_of(check_str), False)})
-
-_SNAPSHOT_NO_PARTITIONS = record_of({"seq": (check_int, True), "timestamp": (check_int, True),
-                     "topics": (dict_of(check_str, _TOPIC), True),
-                     "txns": (dict_of(check_str, _TXN), True),
-                     "decided": (dict_of(check_str, check_str), True),
-                     "acls": (list_of(ACL), True),
-                     "deleted_topics": (dict_of(check_str, check_str), False),
-                     "reader_features": (list_of(check_str), False),
-                     "writer_features": (list_of(check_str), False)})
+_SNAPSHOT_FIELDS = {"seq": (check_int, True), "timestamp": (check_int, True),
+                   "topics": (dict_of(check_str, _TOPIC), True),
+                   "partitions": (dict_of(check_tp_key, _PARTITION), True),
+                   "txns": (dict_of(check_str, _TXN), True),
+                   "decided": (dict_of(check_str, check_str), True),
+                   "acls": (list_of(ACL), True),
+                   "deleted_topics": (dict_of(check_str, check_str), False),
+                   "reader_features": (list_of(check_str), False),
+                   "writer_features": (list_of(check_str), False)}
+_SNAPSHOT = record_of(_SNAPSHOT_FIELDS)
+_SNAPSHOT_NO_PARTITIONS = record_of({k: v for k, v in _SNAPSHOT_FIELDS.items()
+                                     if k != "partitions"})
 
 
 def snapshot_problem(d, partitions_checked: bool = False) -> Optional[str]:
