@@ -695,8 +695,9 @@ def test_writer_reads_its_own_outcome_past_a_newer_snapshot(tmp_path):
                                                       "operation": "READ",
                                                       "permission": "MAYBE"}]}])
     assert (tmp_path / "_kafkalog" / "log" / f"{5:020d}.snapshot.json").exists()
-    assert seq == 3 and state.seq == 5
+    assert seq == 3 and state.seq == 3       # the state right after our own entry
     assert state.results[seq][0].error == "INVALID_REQUEST"   # our own action's fate
+    assert mine.state().seq == 5             # and the next replay goes on past the snapshot
 
 
 def test_retention_plans_again_when_delete_records_removes_a_segment_under_it(tmp_path):

@@ -182,13 +182,12 @@ class MetadataLog:
             except AlreadyExistsError:
                 state = self.state()
                 continue
-            # our outcome is in the replay of our entry: never skip it by loading a newer
-            # snapshot that another process wrote meanwhile (snapshots keep no results)
-            state = self.state(replay_only=True)
-            if state.seq < seq:   # listing lagged behind our own write: replay it directly
-                state = state.copy()   # whoever holds the cached state keeps it as it was
-                self._catch_up(state, seq)
-                self._state = state
+            # our outcome is in the replay of our entry, which directly follows the state we
+            # appended on: replay the bytes we wrote into a copy (no listing, no read; never a
+            # newer snapshot another process wrote meanwhile, which keeps no results)
+            state = state.copy()   # whoever holds the cached state keeps it as it was
+            state.apply(seq, json.loads(data))
+            self._state = state
             self._maybe_snapshot(state)
             return seq, state
         raise KafkaStorageError(f"could not append to the metadata log after "
