@@ -135,8 +135,7 @@ class Admin:
         return [RecordMetadata(topic, p, o) for p, o in placed]
 
     def _partitions(self, topic: str, partition: Optional[int]) -> List[int]:
-        desc = self.cluster.describe_topic(topic)
-        n = len(desc["partitions"])
+        n = self.cluster.partition_count(topic)
         if partition is None:
             return list(range(n))
         if not isinstance(partition, int) or not 0 <= partition < n:

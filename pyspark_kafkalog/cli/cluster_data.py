@@ -25,7 +25,7 @@ COMMIT_INTERVAL_MS = 5000
 
 def _check_partition(admin, topic: str, partition):
     """The topic's partition count; ``partition`` (if given) must be one of them."""
-    n = len(admin.describe_topic(topic).partitions)
+    n = admin.cluster.partition_count(topic)
     if partition is not None and not 0 <= partition < n:
         raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}: topic {topic!r} "
                                            f"has {n} partition{'s' * (n != 1)}")
