@@ -732,6 +732,22 @@ _spark_section("spark-write", "Spark batch write: kafkalog vs a no-op Arrow sink
                "run_spark_write")
 
 
+# -- metadata (jobs/bench_metadata.py) -------------------------------------------------------------
+
+def _metadata_arguments(p):
+    import bench_metadata
+    bench_metadata.add_arguments(p)
+
+
+@section("metadata", "cluster metadata: produce latency, metadata bytes and cold open against "
+                     "the partition count", _metadata_arguments)
+def run_metadata(args):
+    import bench_metadata
+    result = bench_metadata.run(args)
+    print(bench_metadata.render(result))
+    return result, 0
+
+
 # -- entry point ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
