@@ -24,3 +24,24 @@ def digests(root: Path) -> Dict[str, str]:
     """sha256 of every file under ``root``, by relative path."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+def run_main(*argv, stdin: str = ""):
+    """``kafkalog ARGV`` in this process (much cheaper than a fresh interpreter): (exit status,
+    stdout, stderr). An exception that escapes ``main`` is a traceback the user would see: it
+    propagates and fails the test."""
+    import contextlib
+    import io
+    from pyspark_kafkalog.cli.main import main
+    out, err = io.StringIO(), io.StringIO()
+    old_stdin = sys.stdin
+    sys.stdin = io.StringIO(stdin)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main([str(a) for a in argv])
+            except SystemExit as exc:          # argparse: --help, usage errors
+                rc = exc.code
+    finally:
+        sys.stdin = old_stdin
+    return rc, out.getvalue(), err.getvalue()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import digests as listing, run_cli as kafkalog
+from cli_support import digests as listing, run_cli as kafkalog, run_main
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.metalog import MetadataLog, entry_name, snapshot_name
 from pyspark_kafkalog.cluster.state import ClusterState
@@ -60,7 +60,7 @@ def test_malformed_entry_stops_every_command_with_one_line(cluster, what):
         stdin = '{"value": null}\n' if argv[0] == "produce" else (
             '{"partitions": [{"topic": "t", "partition": 0, "offset": 1}], "version": 1}'
             if argv[0] == "delete-records" else "")
-        rc, out, err = kafkalog("--cluster", cluster, *argv, stdin=stdin)
+        rc, out, err = run_main("--cluster", cluster, *argv, stdin=stdin)
         assert rc == 1, (argv, out, err)
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (argv, err)
         assert f"{seq:020d}.json" in err, (argv, err)
@@ -152,18 +152,18 @@ def test_snapshots_that_do_not_prove_themselves_are_ignored(cluster, body):
     snapshot_at(cluster, seq, body)
     before = {k: v for k, v in listing(cluster).items() if "snapshot" not in k}
     for argv in (["topics", "--list"], ["consume", "--topic", "t"], ["cleanup"]):
-        rc, out, err = kafkalog("--cluster", cluster, *argv)
+        rc, out, err = run_main("--cluster", cluster, *argv)
         assert rc == 0 and "Traceback" not in err, (argv, err)
-    rc, out, _ = kafkalog("--cluster", cluster, "consume", "--topic", "t")
+    rc, out, _ = run_main("--cluster", cluster, "consume", "--topic", "t")
     assert len(out.splitlines()) == 3
     assert {k: v for k, v in listing(cluster).items() if "snapshot" not in k
             and "checkpoint" not in k} == \
         {k: v for k, v in before.items() if "checkpoint" not in k}
-    rc, out, _ = kafkalog("--cluster", cluster, "--json", "metadata", "--verify")
+    rc, out, _ = run_main("--cluster", cluster, "--json", "metadata", "--verify")
     assert rc == 1 and json.loads(out.splitlines()[0])["path"] == snapshot_name(seq)
-    assert kafkalog("--cluster", cluster, "metadata", "--repair")[0] == 0
+    assert run_main("--cluster", cluster, "metadata", "--repair")[0] == 0
     assert not (cluster / snapshot_name(seq)).exists()
-    assert kafkalog("--cluster", cluster, "metadata", "--verify")[0] == 0
+    assert run_main("--cluster", cluster, "metadata", "--verify")[0] == 0
 
 
 def test_old_snapshot_saying_empty_never_deletes_data(cluster):

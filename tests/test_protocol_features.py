@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import digests as listing, run_cli
+from cli_support import digests as listing, run_cli, run_main
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster import features
 from pyspark_kafkalog.cluster.metalog import entry_name
@@ -31,6 +31,12 @@ STDIN = {"produce": '{"value": null}\n',
 
 
 def kafkalog(*argv):
+    """In this process: the loops below run dozens of commands (one real process per test
+    checks the same through a fresh interpreter)."""
+    return run_main(*argv, stdin=STDIN.get(argv[2] if len(argv) > 2 else "", ""))
+
+
+def kafkalog_process(*argv):
     return run_cli(*argv, stdin=STDIN.get(argv[2] if len(argv) > 2 else "", ""))
 
 
@@ -73,6 +79,8 @@ def test_future_entries_are_refused_by_every_command(cluster, what):
     for argv in READS + WRITES:
         rc, out, err = kafkalog("--cluster", cluster, *argv)
         assert_refused(rc, err, argv)
+    rc, out, err = kafkalog_process("--cluster", cluster, "consume", "--topic", "t")
+    assert_refused(rc, err, ["consume", "(a real process)"])
     with pytest.raises(UnsupportedVersionError):
         Admin(str(cluster), create=False).list_topics()
     with pytest.raises(UnsupportedVersionError):
@@ -95,6 +103,8 @@ def test_unknown_writer_feature_allows_reading_but_not_writing(cluster):
         rc, out, err = kafkalog("--cluster", cluster, *argv)
         assert_refused(rc, err, argv)
         assert "quotas" in err
+    rc, out, err = kafkalog_process("--cluster", cluster, "produce", "--topic", "t")
+    assert_refused(rc, err, ["produce", "(a real process)"])
     assert listing(cluster) == before
 
 
@@ -122,7 +132,7 @@ def test_enabling_a_feature_is_an_explicit_step_older_clients_then_refuse(cluste
     assert [r.key for r in a.consume("t", 0)] == [b"k"]       # this client still reads
     a.produce("t", [Record(b"k2", b"v", 1)], partition=0)     # and writes
     before = listing(cluster)
-    rc, _, err = kafkalog("--cluster", cluster, "consume", "--topic", "t")
+    rc, _, err = kafkalog_process("--cluster", cluster, "consume", "--topic", "t")
     assert_refused(rc, err, ["consume"])
     assert "futureFormat" in err
     assert listing(cluster) == before
