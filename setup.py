@@ -47,6 +47,7 @@ setup(
                            ["pyspark_kafkalog/format/_columnar_accel.c",
                             "pyspark_kafkalog/format/_columnar_arrow.c"],
                            depends=["pyspark_kafkalog/format/_columnar_parse.h",
+                                    "pyspark_kafkalog/format/_batch_layout.h",
                                     "pyspark_kafkalog/format/_pool.h"], optional=True),
                  Extension("pyspark_kafkalog.format._encode_accel",
                            ["pyspark_kafkalog/format/_encode_accel.c"],

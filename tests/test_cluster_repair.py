@@ -211,7 +211,7 @@ def _cut_at_a_batch_boundary(seg: Path):
 def _damage_base_offset(seg: Path):
     h = batches(seg)[2]
     flip(seg, h.position + 7)                # outside the CRC: only the offset checks see it
-    return [18, 19, 20], False               # (readers return the batch at offsets 19..21)
+    return [18, 19, 20], True                # 19..21, then 21..23: offsets stop increasing
 
 
 @pytest.mark.parametrize("damage", [_damage_length_field, _truncate_tail,

@@ -5,6 +5,11 @@ a batch, a record (``--deep-iteration``; the fields of the golden ``expected.jso
 value and headers in base64 under ``--print-data-log``), or an index entry. Problems found (CRC
 failures, trailing bytes, index entries that disagree with the log) go to stderr and make the
 exit status 1.
+
+Problems in a ``.log`` are reported as every reader reports them (one line each: the file, the
+error type and ``format.batch``'s message, which names the entry's position): the walk is the
+segment's, the CRC check ``batch.validate``. Unlike the readers, dump goes on past a batch that
+fails its CRC, as kafka-dump-log does, printing it with ``isvalid: false``.
 """
 from __future__ import annotations
 
@@ -59,6 +64,15 @@ class _Out:
         self.problems += 1
         print(text, file=sys.stderr)
 
+    def corrupt(self, f: str, seg: LogSegment, exc: CorruptRecordError) -> None:
+        """``exc`` as one line naming ``f`` (the file as the user gave it, so without the
+        segment's own name in front of the message)."""
+        detail = str(exc)
+        prefix = seg.log_path + ": "
+        if detail.startswith(prefix):
+            detail = detail[len(prefix):]
+        self.problem(f"{f}: {type(exc).__name__}: {detail}")
+
 
 def run(args) -> int:
     out = _Out(args.json)
@@ -112,13 +126,14 @@ def _dump_log(seg: LogSegment, f: str, args, out: _Out) -> None:
     last_offset = None
     size = seg.size()
     try:
-        for h, body in seg.walk(0, size, with_body=True, window=8 << 20):
+        # strict: a dumped file is taken as complete, so a partial entry at its end is damage
+        for h, body in seg.walk(0, size, with_body=True, window=8 << 20, strict=True):
             try:
                 validate(body, h, h.position)
                 is_valid = True
             except CorruptRecordError as exc:
                 is_valid = False
-                out.problem(f"{f}: {exc}")
+                out.corrupt(f, seg, exc)
             if not check_only and not (deep and out.as_json):
                 _print_batch(h, is_valid, out)
             if deep and is_valid and not check_only:
@@ -129,7 +144,7 @@ def _dump_log(seg: LogSegment, f: str, args, out: _Out) -> None:
                     _print_record(seg, h, r, args.print_data_log, out)
             valid_bytes = h.end
     except CorruptRecordError as exc:
-        out.problem(f"{f}: {exc}")
+        out.corrupt(f, seg, exc)
     trailing = size - valid_bytes
     if trailing > 0:
         out.problem(f"Found {trailing} invalid bytes at the end of {f.rsplit('/', 1)[-1]}")

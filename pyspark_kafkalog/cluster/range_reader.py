@@ -20,12 +20,10 @@ what is still there.
 """
 from __future__ import annotations
 
-import struct
 from typing import Iterator, Optional
 
 from ..errors import CorruptRecordError, OffsetOutOfRangeError, StorageNotFoundError
-from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, MAGIC_OFFSET, RECORD_OVERHEAD_V0,
-                            V2_HEADER_SIZE, read_header)
+from ..format.batch import V2_HEADER_SIZE, read_header, scan_offsets
 from ..format.arrow_decode import decode_spark_arrays
 from ..format.columnar import arrow_arrays, decode_columns
 from ..log.segment import ReadStats
@@ -69,38 +67,23 @@ def _end_bound(seg, end: int, limit: int) -> int:
     return min(limit, pos + header.size)
 
 
-_Q = struct.Struct(">q").unpack_from
-_I = struct.Struct(">i").unpack_from
+def _whole_entries(data, end: int, seg, position: int, previous_last_offset: Optional[int]):
+    """``(length, last offset)`` of the run of whole entries at the start of ``data`` (read
+    from ``position`` of ``seg``) that may hold offsets below ``end``; length 0 if none.
 
-
-def _whole_entries(data, end: int):
-    """``(length, last offset)`` of the run of whole entries at the start of ``data`` that may
-    hold offsets below ``end``; length 0 if none.
-
-    A lean walk (the decoder walks the entries again, with all their checks): it stops at a
-    partial entry, and before an entry that cannot hold offsets < ``end`` (a compressed magic
-    0/1 wrapper tells only its last offset, but the entry before it may already reach end - 1).
+    The walk is ``format.batch``'s (``scan_offsets``: sizes, magic, and offsets increasing from
+    ``previous_last_offset``, the last offset before ``position`` when known); CRCs and records
+    are the decoder's. It stops at a partial entry, and before an entry that cannot hold offsets
+    < ``end`` (a compressed magic 0/1 wrapper tells only its last offset, but the entry before it
+    may already reach end - 1).
     """
-    n = len(data)
-    pos, last_offset = 0, None
-    while pos + HEADER_SIZE_UP_TO_MAGIC < n:
-        length = _I(data, pos + 8)[0]
-        if length < RECORD_OVERHEAD_V0:
-            raise CorruptRecordError(f"entry at position {pos} declares size {length}")
-        if pos + LOG_OVERHEAD + length > n:
-            break
-        first = _Q(data, pos)[0]
-        if data[pos + MAGIC_OFFSET] >= 2:
-            if length + LOG_OVERHEAD < V2_HEADER_SIZE:
-                raise CorruptRecordError(f"record batch at position {pos} is too short")
-            base, last = first, first + _I(data, pos + 23)[0]
-        else:
-            base, last = -1, first
+    length, last_offset = 0, None
+    for at, size, base, last in scan_offsets(data, previous_last_offset=previous_last_offset,
+                                             file=seg.log_path, base_position=position):
         if last_offset is not None and (last_offset >= end - 1 or base >= end):
             break
-        pos += LOG_OVERHEAD + length
-        last_offset = last
-    return pos, last_offset
+        length, last_offset = at + size - position, last
+    return length, last_offset
 
 
 def _read_bytes(seg, start: int, stop: int, mapped: bool):
@@ -119,19 +102,20 @@ def _read_bytes(seg, start: int, stop: int, mapped: bool):
 
 
 def _read_chunk(seg, offset: int, end: int, max_bytes: int, position: Optional[int] = None,
-                mapped: bool = False):
+                mapped: bool = False, previous_last_offset: Optional[int] = None):
     """Whole entries from the one holding ``offset``: ``(bytes, start position, last offset)``
     or None.
 
     ``position``, when known, is where the previous chunk of this segment stopped: the entry
     there is the next one, so no index lookup and header walk (an extra storage request) is
-    needed. If a single entry there is larger than ``max_bytes``, its header is read to size it.
+    needed, and its offsets must come after ``previous_last_offset`` (the previous chunk's
+    last). If a single entry there is larger than ``max_bytes``, its header is read to size it.
     """
     size = seg.size()
     if position is not None and position < size:
         stop = _end_bound(seg, end, min(size, position + max_bytes))
         data = _read_bytes(seg, position, stop, mapped)
-        length, last_offset = _whole_entries(data, end)
+        length, last_offset = _whole_entries(data, end, seg, position, previous_last_offset)
         if length:
             return data[:length], position, last_offset
     first = seg.find_batch(offset)
@@ -139,7 +123,8 @@ def _read_chunk(seg, offset: int, end: int, max_bytes: int, position: Optional[i
         return None
     stop = _end_bound(seg, end, min(size, first.position + max_bytes))
     data = _read_bytes(seg, first.position, max(stop, first.end), mapped)
-    length, last_offset = _whole_entries(data, end)
+    length, last_offset = _whole_entries(data, end, seg, first.position,
+                                         seg.base_offset - 1 if first.position == 0 else None)
     if not length:
         return None
     return data[:length], first.position, last_offset
@@ -279,6 +264,7 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
     segments = log.segments
     i = log.segment_for(offset) or 0
     position = None   # where the next entry of segments[i] starts, once a chunk was read there
+    last_offset = None   # the last offset of the chunk read before, at position
     while offset < end:
         # offsets the plan promised but no listed segment holds were deleted since planning
         gap_end = end if i >= len(segments) else min(end, segments[i].base_offset)
@@ -295,7 +281,8 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
             i, position = i + 1, None
             continue
         try:
-            chunk = _read_chunk(seg, offset, end, max_bytes, position, handle.immutable)
+            chunk = _read_chunk(seg, offset, end, max_bytes, position, handle.immutable,
+                                last_offset)
         except StorageNotFoundError:
             if fail_on_data_loss:
                 raise lost(f"segment {seg.log_path} (offsets from {seg.base_offset}) was "

@@ -31,8 +31,8 @@ from typing import List, Optional, Tuple
 from ..errors import (CorruptRecordError, StorageNotFoundError, UnknownTopicOrPartitionError,
                       UnsupportedVersionError)
 from ..format import index as idx
-from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, RECORD_OVERHEAD_V0,
-                            V2_HEADER_SIZE, BatchHeader, read_header, validate)
+from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, LENGTH_OFFSET, LOG_OVERHEAD,
+                            RECORD_OVERHEAD_V0, V2_HEADER_SIZE, BatchHeader, EntryScan, validate)
 from ..format.columnar import decode_records
 from ..format.encode import encode_empty_batch_v2
 from ..format.index_builder import IndexBuilder
@@ -202,20 +202,23 @@ def _check_entry(win: _Window, seg: LogSegment, pos: int, prev_last: int, end_of
     A magic 2 base offset lies outside the CRC, so only its place tells a flipped bit there:
     committed offsets are dense, and a segment a repair wrote marks its gaps with empty batches,
     so a magic 2 batch must start right after ``prev_last`` (``resync``: anywhere after it, for
-    the batch after a damaged one). Magic 0/1 segments may have gaps (a repair leaves them)."""
+    the batch after a damaged one). Magic 0/1 segments may have gaps (a repair leaves them).
+
+    The walk's own rules and messages are ``format.batch.EntryScan``'s (its looser offset rule
+    aside: this one is stricter). The report names the segment, so the messages do not."""
     size = win.size
+    scan = EntryScan(check_offsets=False)
     if pos + HEADER_SIZE_UP_TO_MAGIC >= size:
-        return None, f"{size - pos} trailing bytes at position {pos} do not hold an entry"
-    head = win.get(pos, pos + V2_HEADER_SIZE)
-    length = int.from_bytes(head[8:12], "big", signed=True)
-    if length < RECORD_OVERHEAD_V0:
-        return None, f"entry at position {pos} declares size {length}"
-    if pos + LOG_OVERHEAD + length > size:
-        return None, (f"torn entry at position {pos} ({size - pos} of {LOG_OVERHEAD + length} "
-                      "bytes)")
-    body = win.get(pos, pos + LOG_OVERHEAD + length)
+        return None, str(scan.trailing(pos, size - pos))
     try:
-        header = read_header(body, 0)._replace(position=pos)
+        entry_size = scan.entry_size(win.get(pos, pos + V2_HEADER_SIZE), 0, pos)
+    except CorruptRecordError as exc:
+        return None, str(exc)
+    if pos + entry_size > size:
+        return None, str(scan.torn(pos, size - pos, entry_size))
+    body = win.get(pos, pos + entry_size)
+    try:
+        header = scan.header(body, 0, pos)
         validate(body, header, pos)
         if header.magic < 2 and header.compression:
             # the wrapper offset is outside the CRC, and only the inner messages tell the first
@@ -256,8 +259,8 @@ def _plan(seg: LogSegment, size: int, end_offset: int, index_interval: int, magi
         error = error or why
         # the damaged entry's size field may still be right: resume at the entry after it if
         # that one is intact
-        length = int.from_bytes(win.get(pos + 8, pos + 12), "big", signed=True) \
-            if pos + 12 <= size else -1
+        length = int.from_bytes(win.get(pos + LENGTH_OFFSET, pos + LOG_OVERHEAD), "big",
+                                signed=True) if pos + LOG_OVERHEAD <= size else -1
         nxt = pos + LOG_OVERHEAD + length
         if length >= RECORD_OVERHEAD_V0 and nxt < size:
             following, _ = _check_entry(win, seg, nxt, prev_last, end_offset, resync=True)

@@ -7,6 +7,7 @@
  * error. So every check here is at least as strict as batch.py, codecs.py and the shared
  * parser (_columnar_parse.h).
  */
+#include "_batch_layout.h"
 #include "_columnar_parse.h"
 #include "_pool.h"
 
@@ -170,12 +171,6 @@ be32(const uint8_t *p)
                      (uint32_t)p[3]);
 }
 
-/* Mirrors of format/batch.py: the fast path must be at least as strict as the general one. */
-#define HEADER_SIZE_UP_TO_MAGIC 17
-#define LOG_OVERHEAD 12
-#define RECORD_OVERHEAD_V0 14
-#define V2_HEADER_SIZE 61
-#define V2_CRC_START 21
 
 /* crc_fn(view) == stored? 1 yes, 0 no, -1 error */
 static int
@@ -394,24 +389,29 @@ kafkalog_scan_run_arrow(PyObject *Py_UNUSED(self), PyObject *args)
         PyBuffer_Release(&buf);
         return PyErr_NoMemory();
     }
+    /* The entry walk of format/batch.py's EntryScan / scan_entries (docs/format.md §2),
+     * inlined; layout from _batch_layout.h. It must be at least as strict as the general one:
+     * anything that is not a whole, valid magic 2 batch declines, and decode_columns then gives
+     * the rows or the error. (The offset rule is the caller's: range_reader walks each chunk
+     * with batch.scan_offsets before decoding it.) */
     while (pos + HEADER_SIZE_UP_TO_MAGIC < end) {
         const uint8_t *h = b + pos;
-        int32_t length = be32(h + 8);
-        if (h[16] != 2 || length < RECORD_OVERHEAD_V0)
+        int32_t length = be32(h + LENGTH_OFFSET);
+        if (h[MAGIC_OFFSET] != 2 || length < RECORD_OVERHEAD_V0)
             goto decline;
         if (pos + LOG_OVERHEAD + (Py_ssize_t)length > end)
             break;   /* a partial entry at the end */
         Py_ssize_t size = LOG_OVERHEAD + (Py_ssize_t)length;
         if (size < V2_HEADER_SIZE)
             goto decline;
-        uint32_t stored = (uint32_t)be32(h + 17);
+        uint32_t stored = (uint32_t)be32(h + CRC_OFFSET);
         int ok = crc_matches(crc_fn, h + V2_CRC_START, size - V2_CRC_START, stored);
         if (ok < 0)
             goto fail;
         if (!ok)
             goto decline;
-        int attrs = ((int)h[21] << 8) | h[22];
-        int32_t count = be32(h + 57);
+        int attrs = ((int)h[ATTRIBUTES_OFFSET] << 8) | h[ATTRIBUTES_OFFSET + 1];
+        int32_t count = be32(h + RECORDS_COUNT_OFFSET);
         pos += size;
         if (attrs & 0x20)
             continue;   /* a control batch: never returned */
@@ -429,9 +429,9 @@ kafkalog_scan_run_arrow(PyObject *Py_UNUSED(self), PyObject *args)
         }
         Item *x = &it[n];
         x->count = count;
-        x->base_offset = be64(h);
-        x->base_ts = be64(h + 27);
-        x->max_ts = be64(h + 35);
+        x->base_offset = be64(h + BASE_OFFSET_OFFSET);
+        x->base_ts = be64(h + BASE_TIMESTAMP_OFFSET);
+        x->max_ts = be64(h + MAX_TIMESTAMP_OFFSET);
         x->ts_type = (attrs >> 3) & 1;
         int codec = attrs & 7;
         if (codec == 0) {

@@ -22,6 +22,9 @@ import struct
 from array import array
 
 from ..errors import CorruptRecordError
+from .batch import (HEADER_SIZE_UP_TO_MAGIC, LEGACY_ATTRIBUTES_OFFSET, LEGACY_KEY_SIZE_OFFSET_V0,
+                    LEGACY_KEY_SIZE_OFFSET_V1, LEGACY_TIMESTAMP_OFFSET, LOG_OVERHEAD, MAGIC_OFFSET,
+                    RECORD_OVERHEAD_V0, RECORD_OVERHEAD_V1, crc_error, size_error, v1_size_error)
 from .crc import crc32
 from .records import COMPRESSION_MASK, CREATE_TIME, LOG_APPEND_TIME, NO_TIMESTAMP_TYPE
 from .varint import wrap_int64
@@ -279,7 +282,16 @@ def legacy_run(buf, pos: int, end: int, cols, validate: bool, min_offset, max_of
     order (entry walk, offset window, CRC, fields) and returns, not done, at the first entry it
     does not handle: another magic, a compressed wrapper, or a negative offset at or past
     ``max_offset`` (whose odd trimming only the general path reproduces).
+
+    The entry walk is ``batch.scan_entries``' rules and errors, inlined (its offset rule aside,
+    as in ``columnar.decode_columns``); the layout's names are bound to locals for speed.
     """
+    up_to_magic, overhead, min_v0, min_v1 = (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD,
+                                             RECORD_OVERHEAD_V0, RECORD_OVERHEAD_V1)
+    magic_at, attrs_at = MAGIC_OFFSET, LOG_OVERHEAD + LEGACY_ATTRIBUTES_OFFSET
+    ts_at = LOG_OVERHEAD + LEGACY_TIMESTAMP_OFFSET
+    key_v0 = LOG_OVERHEAD + LEGACY_KEY_SIZE_OFFSET_V0
+    key_v1 = LOG_OVERHEAD + LEGACY_KEY_SIZE_OFFSET_V1
     offsets, timestamps, ts_types = cols.offset, cols.timestamp, cols.timestamp_type
     kdata, vdata = cols.key_data, cols.value_data
     kofs, vofs = cols.key_offsets.append, cols.value_offsets.append
@@ -288,22 +300,18 @@ def legacy_run(buf, pos: int, end: int, cols, validate: bool, min_offset, max_of
     unpack_header = _LOG_HEADER.unpack_from
     mv = memoryview(buf)
     try:
-        while pos + 17 < end:
-            magic = buf[pos + 16]
-            if magic > 1 or buf[pos + 17] & COMPRESSION_MASK:
+        while pos + up_to_magic < end:
+            magic = buf[pos + magic_at]
+            if magic > 1 or buf[pos + attrs_at] & COMPRESSION_MASK:
                 return pos, False
             offset, length, crc = unpack_header(buf, pos)
-            if length < 14:
-                raise CorruptRecordError(
-                    f"entry at position {pos} declares size {length}, smaller than the minimum "
-                    f"record overhead (14)", pos)
-            msg_end = pos + 12 + length
+            if length < min_v0:
+                raise size_error(pos, length)
+            msg_end = pos + overhead + length
             if msg_end > end:
                 return pos, True
-            if magic == 1 and length < 22:
-                raise CorruptRecordError(
-                    f"message at position {pos} has size {length}, below the magic 1 overhead",
-                    pos)
+            if magic == 1 and length < min_v1:
+                raise v1_size_error(pos, length)
             if min_offset is not None and offset < min_offset:
                 pos = msg_end
                 continue
@@ -312,19 +320,17 @@ def legacy_run(buf, pos: int, end: int, cols, validate: bool, min_offset, max_of
                     return pos, True
                 return pos, False
             if validate:
-                actual = crc32(mv[pos + 16:msg_end])
+                actual = crc32(mv[pos + magic_at:msg_end])
                 if actual != crc:
-                    raise CorruptRecordError(
-                        f"record batch at position {pos} is corrupt: stored CRC {crc:#010x} != "
-                        f"computed {actual:#010x}", pos)
-            attrs = buf[pos + 17]
+                    raise crc_error(pos, crc, actual)
+            attrs = buf[pos + attrs_at]
             if magic:
-                ts = _I64(buf, pos + 18)[0]
-                p = pos + 26
+                ts = _I64(buf, pos + ts_at)[0]
+                p = pos + key_v1
                 ts_type = LOG_APPEND_TIME if attrs & 0x08 else CREATE_TIME
             else:
                 ts = -1
-                p = pos + 18
+                p = pos + key_v0
                 ts_type = NO_TIMESTAMP_TYPE
             klen = _I32(buf, p)[0]
             p += 4

@@ -22,8 +22,9 @@ from typing import List, Optional
 from ..errors import CorruptRecordError
 from . import _columnar_py as _py
 from . import accel, codecs
-from .batch import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, RECORD_OVERHEAD_V0, V2_HEADER_SIZE,
-                    BatchHeader, read_header, validate as validate_batch)
+from .batch import (HEADER_SIZE_UP_TO_MAGIC, LEGACY_ATTRIBUTES_OFFSET, LENGTH_OFFSET,
+                    LOG_OVERHEAD, MAGIC_OFFSET, RECORD_OVERHEAD_V0, V2_HEADER_SIZE, BatchHeader,
+                    read_header, size_error, validate as validate_batch)
 from .records import (COMPRESSION_MASK, CREATE_TIME, LOG_APPEND_TIME, MAGIC_V1, MAGIC_V2,
                       NO_TIMESTAMP_TYPE, TIMESTAMP_TYPE_BIT, DecodedRecord)
 
@@ -253,23 +254,24 @@ def decode_columns(buf, start: int = 0, end: Optional[int] = None, *, validate: 
     entry at the end is ignored (a fetch that stopped mid-batch); a corrupt one raises
     :class:`CorruptRecordError` with its position.
 
-    The entry walk is :func:`batch.iter_headers`' inlined, so that runs of uncompressed magic 0/1
-    messages (one record each) can go through a loop without a header object per message.
+    The entry walk is :func:`batch.scan_entries`' rules and errors, inlined so that runs of
+    uncompressed magic 0/1 messages (one record each) can go through a loop without a header
+    object per message. Not its offset rule: a buffer is not always a log (a producer's batches
+    each start at offset 0); the log's readers walk what they read with ``scan_entries`` first.
     """
     cols = Columns() if cols is None else cols
     cols._writable()
     end = len(buf) if end is None else end
     pos = start
     while pos + HEADER_SIZE_UP_TO_MAGIC < end:
-        if buf[pos + 16] < MAGIC_V2 and not buf[pos + 17] & COMPRESSION_MASK:
+        if (buf[pos + MAGIC_OFFSET] < MAGIC_V2
+                and not buf[pos + LOG_OVERHEAD + LEGACY_ATTRIBUTES_OFFSET] & COMPRESSION_MASK):
             pos, done = _py.legacy_run(buf, pos, end, cols, validate, min_offset, max_offset)
             if done or pos + HEADER_SIZE_UP_TO_MAGIC >= end:
                 break
-        length = _LENGTH(buf, pos + 8)[0]
+        length = _LENGTH(buf, pos + LENGTH_OFFSET)[0]
         if length < RECORD_OVERHEAD_V0:
-            raise CorruptRecordError(
-                f"entry at position {pos} declares size {length}, smaller than the minimum "
-                f"record overhead ({RECORD_OVERHEAD_V0})", pos)
+            raise size_error(pos, length)
         if pos + LOG_OVERHEAD + length > end:
             break
         h = read_header(buf, pos)

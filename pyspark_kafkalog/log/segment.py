@@ -17,8 +17,8 @@ import numpy as np
 
 from ..errors import CorruptRecordError, StorageNotFoundError
 from ..format import index as idx
-from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, LOG_OVERHEAD, RECORD_OVERHEAD_V0,
-                            V2_HEADER_SIZE, BatchHeader, iter_headers, read_header, validate)
+from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, V2_HEADER_SIZE, BatchHeader, EntryScan,
+                            read_header, scan_entries, validate)
 from ..format.columnar import decode_records
 from ..format.index_builder import IndexBuilder
 from .config import LogConfig
@@ -192,13 +192,17 @@ class LogSegment:
              ) -> Iterator[Tuple[BatchHeader, Optional[bytes]]]:
         """Yield entry headers (file positions) from ``start``; with ``with_body`` also the bytes.
 
-        Reads windows of about ``index.interval.bytes``; without bodies, a batch larger than the
-        window is skipped by its header alone. A partial entry at ``end`` ends the walk quietly
-        unless ``strict`` (default: the segment is sealed), where it is damage and raises.
+        The rules and errors are ``format.batch.EntryScan``'s (docs/format.md §2), offsets
+        included: from the segment head the first entry must start at or after the segment's
+        base offset, and every entry after the last offset of the one before it. Reads windows
+        of about ``index.interval.bytes``; without bodies, a batch larger than the window is
+        skipped by its header alone. A partial entry at ``end`` ends the walk quietly unless
+        ``strict`` (default: the segment is sealed), where it is damage and raises.
         """
         strict = self.sealed if strict is None else strict
         end = self.size() if end is None else end
         window = window or max(self.config.index_interval_bytes, 4096)
+        scan = EntryScan(self.log_path, self.base_offset - 1 if start == 0 else None)
         buf, buf_start = b"", start
         pos = start
         while pos + HEADER_SIZE_UP_TO_MAGIC < end:
@@ -206,33 +210,25 @@ class LogSegment:
             if pos + need > buf_start + len(buf):
                 buf_start, buf = pos, self.read(pos, min(end, pos + max(window, need)))
             rel = pos - buf_start
-            length = int.from_bytes(buf[rel + 8:rel + 12], "big", signed=True)
-            if length < RECORD_OVERHEAD_V0:
-                raise CorruptRecordError(
-                    f"{self.log_path}: entry at position {pos} declares size {length}", pos)
-            entry_end = pos + LOG_OVERHEAD + length
+            size = scan.entry_size(buf, rel, buf_start)
+            entry_end = pos + size
             if entry_end > end:
                 if strict:
-                    raise CorruptRecordError(f"{self.log_path}: torn entry at position {pos} "
-                                             f"({end - pos} of {entry_end - pos} bytes)", pos)
+                    raise scan.torn(pos, end - pos, size)
                 return
             body = None
             if with_body:
                 if entry_end > buf_start + len(buf):
-                    if entry_end - pos > window:
+                    if size > window:
                         buf_start, buf = pos, self.read(pos, entry_end)
                     else:
                         buf_start, buf = pos, self.read(pos, min(end, pos + window))
                     rel = 0
-                body = buf[rel:rel + LOG_OVERHEAD + length]
-                header = read_header(body, 0)._replace(position=pos)
-            else:
-                header = read_header(buf[rel:rel + _HEADER_BYTES], 0)._replace(position=pos)
-            yield header, body
+                body = buf[rel:rel + size]
+            yield scan.header(buf, rel, buf_start), body
             pos = entry_end
         if strict and pos < end:
-            raise CorruptRecordError(f"{self.log_path}: {end - pos} trailing bytes at position "
-                                     f"{pos} do not hold an entry", pos)
+            raise scan.trailing(pos, end - pos)
 
     def lookup(self, offset: int) -> Tuple[int, int]:
         """The offset-index entry (offset, position) to start from for ``offset``."""
@@ -285,10 +281,12 @@ class LogSegment:
             return b"", end
         stop = min(end, first.position + max(max_bytes, first.size))
         data = self.read(first.position, stop)
-        last_end = 0
-        for h in iter_headers(data):
+        last_end = first.position
+        for h in scan_entries(data, file=self.log_path, base_position=first.position,
+                              previous_last_offset=self.base_offset - 1 if first.position == 0
+                              else None):
             last_end = h.end
-        return data[:last_end], first.position
+        return data[:last_end - first.position], first.position
 
     def _last_entry(self) -> Tuple[int, int]:
         offsets, positions = self.offset_index()
