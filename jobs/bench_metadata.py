@@ -1,9 +1,10 @@
 """``benchmark.py metadata``: what one small write costs as the cluster grows.
 
 For each partition count: a fresh cluster on local disk with one topic of that many partitions;
-single-record ``Admin.produce`` calls to random partitions (latency p50 and p99); the metadata
-bytes written per entry (entries plus snapshots); and the cold open of a fresh process (open the
-cluster and replay its state), against the same process that only imports the package. The
+single-record ``Admin.produce`` calls to random partitions, round-robin over the counts (latency
+p50 and p99); the metadata bytes written per entry (entries plus snapshots); and the cold open of
+a fresh process (open the cluster and replay its state: ``open_s``; ``process_s`` is the whole
+process, against ``import_only_process_s`` for one that only imports the package). The
 target (issue #14): p50 at the largest count within 2x the p50 at the smallest, and a cold open
 at 100,000 partitions under 2 s.
 """
@@ -73,7 +74,7 @@ def _metadata_bytes(root: Path) -> dict:
     return {"entries": entries, "snapshots": snaps}
 
 
-def run_one(n: int, args, base: Path) -> dict:
+def _make(n: int, args, base: Path):
     from pyspark_kafkalog.admin import Admin
     from pyspark_kafkalog.format.records import Record
     root = base / f"p{n}"
@@ -83,32 +84,44 @@ def run_one(n: int, args, base: Path) -> dict:
     admin.create_topic("m", n)
     created_s = time.perf_counter() - t
     rnd = random.Random(args.seed)
-    for i in range(args.warmup):
+    for _ in range(args.warmup):
         admin.produce("m", [Record(b"k", b"v" * 100, 1)], partition=rnd.randrange(n))
-    before, seq0 = _metadata_bytes(root), admin.cluster.state().seq
-    lat = []
-    for i in range(args.produces):
-        t = time.perf_counter()
-        admin.produce("m", [Record(b"k", b"v" * 100, 1)], partition=rnd.randrange(n))
-        lat.append(time.perf_counter() - t)
-    after, seq1 = _metadata_bytes(root), admin.cluster.state().seq
-    entries = max(seq1 - seq0, 1)
-    lat.sort()
-    return {"partitions": n, "create_s": created_s,
-            "produce_p50_ms": statistics.median(lat) * 1000,
-            "produce_p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
-            "entry_bytes_per_entry": (after["entries"] - before["entries"]) / entries,
-            "snapshot_bytes_per_entry": (after["snapshots"] - before["snapshots"]) / entries,
-            **_cold_open(str(root), args.cold_repeat)}
+    return {"n": n, "root": root, "admin": admin, "rnd": rnd, "created_s": created_s,
+            "lat": [], "bytes0": _metadata_bytes(root), "seq0": admin.cluster.state().seq}
 
 
 def run(args) -> dict:
+    """Every count's cluster is made first; then the timed produce calls (and the cold opens)
+    go round-robin over the counts, so that a change of machine load hits them all alike."""
+    from pyspark_kafkalog.format.records import Record
     counts = [int(x) for x in str(args.partitions).split(",") if x.strip()]
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kl-meta-bench-"))
     rows = []
     try:
-        for n in counts:
-            rows.append(run_one(n, args, base))
+        runs = [_make(n, args, base) for n in counts]
+        for _ in range(args.produces):
+            for r in runs:
+                t = time.perf_counter()
+                r["admin"].produce("m", [Record(b"k", b"v" * 100, 1)],
+                                   partition=r["rnd"].randrange(r["n"]))
+                r["lat"].append(time.perf_counter() - t)
+        colds = {r["n"]: [] for r in runs}
+        for _ in range(args.cold_repeat):
+            for r in runs:
+                colds[r["n"]].append(_cold_open(str(r["root"]), 1))
+        for r in runs:
+            lat = sorted(r["lat"])
+            after, seq1 = _metadata_bytes(r["root"]), r["admin"].cluster.state().seq
+            entries = max(seq1 - r["seq0"], 1)
+            cold = {k: statistics.median(c[k] for c in colds[r["n"]]) for k in colds[r["n"]][0]}
+            rows.append({
+                "partitions": r["n"], "create_s": r["created_s"],
+                "produce_p50_ms": statistics.median(lat) * 1000,
+                "produce_p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+                "entry_bytes_per_entry": (after["entries"] - r["bytes0"]["entries"]) / entries,
+                "snapshot_bytes_per_entry":
+                    (after["snapshots"] - r["bytes0"]["snapshots"]) / entries,
+                **cold})
             print(render_row(rows[-1]), flush=True)
     finally:
         if not args.dir:
