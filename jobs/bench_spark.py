@@ -15,6 +15,12 @@ spark-write: the same DataFrame written to
   - Parquet.
 Ratios are taken within the run: kafkalog / no-op, kafkalog / Parquet and, for writes,
 kafkalog / bytes (throughput).
+
+With ``--topic-partitions 4,100,1000`` both sections instead compare kafkalog with itself: the
+same rows in topics of each partition count (one topic each, in one cluster), read or written
+in the same session, taking turns; each count's time is reported with its ratio to the first
+count's (time / first time: 1.5x means 50% slower). This is what issue #18 is judged on: the
+cost of a job should follow its bytes, not the topic's partition count.
 """
 from __future__ import annotations
 
@@ -185,27 +191,114 @@ def _session():
     return spark
 
 
-def _fill_cluster(url: str, rows: int, partitions: int, value_bytes: int, codec: str) -> None:
-    """Write the benchmark rows straight through the protocol (not through Spark)."""
+def _fill_cluster(url: str, rows: int, partitions: int, value_bytes: int, codec: str,
+                  topic: str = "bench") -> None:
+    """Write the benchmark rows straight through the protocol (not through Spark); many
+    partitions go in one send (one metadata commit) per ~200,000 rows."""
     from pyspark_kafkalog.admin import Admin
     from pyspark_kafkalog.cluster.producer import Producer
     from pyspark_kafkalog.format.records import Record
     admin = Admin(url)
-    admin.create_topic("bench", partitions, configs={"segment.bytes": 256 << 20,
-                                                     "compression.type": codec})
+    admin.create_topic(topic, partitions, configs={"segment.bytes": 256 << 20,
+                                                   "compression.type": codec})
     prod = Producer(admin.cluster)
     per = rows // partitions
+    pending, pending_rows = {}, 0
     for p in range(partitions):
         for start in range(0, per, 200_000):
             batch = _rows(min(200_000, per - start), value_bytes, p, start)
             ts = [t // 1000 for t in batch.column(5).cast(pa.int64()).to_pylist()]
             recs = [Record(k, v, t) for k, v, t in zip(batch.column(0).to_pylist(),
                                                        batch.column(1).to_pylist(), ts)]
-            prod.send({("bench", p): prod.encode("bench", recs, batch_records=1000)})
+            if (topic, p) in pending:
+                prod.send(pending)
+                pending, pending_rows = {}, 0
+            pending[(topic, p)] = prod.encode(topic, recs, batch_records=1000)
+            pending_rows += len(recs)
+            if pending_rows >= 200_000:
+                prod.send(pending)
+                pending, pending_rows = {}, 0
+    if pending:
+        prod.send(pending)
+
+
+def _counts(args):
+    text = getattr(args, "topic_partitions", None)
+    return [int(x) for x in text.split(",") if x.strip()] if text else None
+
+
+def _sweep_summary(rows: int, counts, times: Dict[str, list]) -> Dict[str, object]:
+    first = str(counts[0])
+    median = {k: v[len(v) // 2] for k, v in times.items()}
+    return {"rows": rows, "topic_partitions": counts, "times": times,
+            "seconds": {k: v[0] for k, v in times.items()}, "median_seconds": median,
+            "median_ratio_vs_first": {k: median[k] / median[first] for k in median}}
+
+
+def run_read_sweep(args, spark, counts) -> Dict[str, object]:
+    """kafkalog against itself: the same rows in topics of each partition count."""
+    tmp = tempfile.mkdtemp(prefix="kafkalog-bench-", dir=args.dir)
+    try:
+        url = os.path.join(tmp, "cluster")
+        for n in counts:
+            _fill_cluster(url, args.rows, n, args.value_bytes, args.codec, f"bench-{n}")
+        extra = dict(kv.split("=", 1) for kv in args.read_option or [])
+
+        def mk(n):
+            r = spark.read.format("kafkalog").option("subscribe", f"bench-{n}")
+            for k, v in extra.items():
+                r = r.option(k, v)
+            return r.load(url)
+        tasks = {str(n): mk(n).rdd.getNumPartitions() for n in counts}
+        rows = {str(n): mk(n).count() for n in counts}   # also warms up
+        times = round_robin(args.repeat, {
+            str(n): (lambda n=n: mk(n).write.format("noop").mode("overwrite").save())
+            for n in counts})
+        return dict(_sweep_summary(args.rows, counts, times), spark_tasks=tasks,
+                    rows_read=rows, read_options=extra)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_write_sweep(args, spark, counts) -> Dict[str, object]:
+    """The same cached DataFrame appended to topics of each partition count."""
+    tmp = tempfile.mkdtemp(prefix="kafkalog-bench-", dir=args.dir)
+    try:
+        src = (spark.read.format("bench_noop").option("rows", args.rows)
+               .option("partitions", args.partitions).option("value_bytes", args.value_bytes)
+               .load().select("key", "value", "timestamp").cache())
+        src.count()
+        from pyspark_kafkalog.admin import Admin
+        url = os.path.join(tmp, "cluster")
+        admin = Admin(url)
+        for n in counts:
+            admin.create_topic(f"bench-{n}", n, configs={"segment.bytes": 256 << 20,
+                                                         "compression.type": args.codec})
+        direct_io = "false" if args.page_cache else "true"
+        extra = dict(kv.split("=", 1) for kv in args.write_option or [])
+
+        def write(n):
+            w = (src.write.format("kafkalog").option("topic", f"bench-{n}")
+                 .option("storage.direct_io", direct_io).mode("append"))
+            for k, v in extra.items():
+                w = w.option(k, v)
+            w.save(url)
+        for n in counts:   # warm-up
+            write(n)
+        times = round_robin(args.repeat, {str(n): (lambda n=n: write(n)) for n in counts})
+        written = {str(n): sum(p.high_watermark for p in
+                               Admin(url).describe_topic(f"bench-{n}").partitions)
+                   for n in counts}
+        return dict(_sweep_summary(args.rows, counts, times), rows_written=written,
+                    write_options=extra)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run_spark_read(args) -> Dict[str, object]:
     spark = _session()
+    if _counts(args):
+        return run_read_sweep(args, spark, _counts(args))
     tmp = tempfile.mkdtemp(prefix="kafkalog-bench-", dir=args.dir)
     try:
         url = os.path.join(tmp, "cluster")
@@ -235,6 +328,8 @@ def run_spark_read(args) -> Dict[str, object]:
 
 def run_spark_write(args) -> Dict[str, object]:
     spark = _session()
+    if _counts(args):
+        return run_write_sweep(args, spark, _counts(args))
     tmp = tempfile.mkdtemp(prefix="kafkalog-bench-", dir=args.dir)
     try:
         src = (spark.read.format("bench_noop").option("rows", args.rows)
@@ -283,12 +378,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=None,
                    help="where the data goes (default: the system temp dir); e.g. /dev/shm to "
                         "take the disk out of the comparison")
+    p.add_argument("--topic-partitions", metavar="N,N,...", default=None,
+                   help="compare kafkalog with itself over topics of these partition counts "
+                        "(e.g. 4,100,1000): each count's time and its ratio to the first's")
+    p.add_argument("--read-option", action="append", metavar="K=V",
+                   help="with --topic-partitions: an option for every kafkalog read")
+    p.add_argument("--write-option", action="append", metavar="K=V",
+                   help="with --topic-partitions: an option for every kafkalog write")
     p.add_argument("--page-cache", action="store_true",
                    help="spark-write: kafkalog and the bytes sink write through the page cache "
                         "(storage.direct_io=false) instead of with O_DIRECT (the default)")
 
 
 def render(name: str, result: Dict[str, object]) -> str:
+    if "topic_partitions" in result:
+        return render_sweep(name, result)
     lines = [f"{name.upper()}: {result['rows']:,} rows; contenders take turns; throughput "
              "ratio kafkalog/baseline (>1: kafkalog faster)"]
     for k, s in result["seconds"].items():
@@ -301,4 +405,17 @@ def render(name: str, result: Dict[str, object]) -> str:
     if "ratio_vs_bytes" in result:
         lines.append(f"  ratio vs bytes:   best {result['ratio_vs_bytes']:.2f}x   "
                      f"median {result['median_ratio_vs_bytes']:.2f}x")
+    return "\n".join(lines)
+
+
+def render_sweep(name: str, result: Dict[str, object]) -> str:
+    lines = [f"{name.upper()}: {result['rows']:,} rows in topics of "
+             f"{', '.join(map(str, result['topic_partitions']))} partitions; counts take turns; "
+             "ratio = median time / the first count's median time"]
+    tasks = result.get("spark_tasks", {})
+    for k in result["median_seconds"]:
+        extra = f"  {tasks[k]:>5} Spark tasks" if k in tasks else ""
+        lines.append(f"  {k:>6} partitions  best {result['seconds'][k]:7.3f} s  median "
+                     f"{result['median_seconds'][k]:7.3f} s  ratio "
+                     f"{result['median_ratio_vs_first'][k]:5.2f}x{extra}")
     return "\n".join(lines)

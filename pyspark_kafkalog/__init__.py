@@ -22,6 +22,6 @@ def register(spark, *, filter_pushdown: bool = False) -> None:
     save_mode.install()
     if filter_pushdown:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-        spark.dataSource.register(KafkaLogPushdownDataSource)
+        spark.dataSource.register(KafkaLogPushdownDataSource.for_session(spark))
     else:
-        spark.dataSource.register(KafkaLogDataSource)
+        spark.dataSource.register(KafkaLogDataSource.for_session(spark))

@@ -80,3 +80,25 @@ def test_spark_sections_run_on_a_tiny_workload(spark):
     assert "ratio vs Parquet" in bench_spark.render("spark-write", write)
     assert _positive(write["ratio_vs_bytes"])
     assert "ratio vs bytes" in bench_spark.render("spark-write", write)
+
+
+def test_spark_sections_sweep_partition_counts(spark):
+    """--topic-partitions: the same rows over topics of each partition count, each count's
+    time against the first's; every count reads and writes all rows."""
+    import argparse
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_spark
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    args = argparse.Namespace(rows=2000, partitions=2, value_bytes=20, codec="none", repeat=1,
+                              dir=None, page_cache=False, topic_partitions="2,20",
+                              read_option=None, write_option=None)
+    read = bench_spark.run_spark_read(args)
+    assert read["rows_read"] == {"2": 2000, "20": 2000}
+    ratios = read["median_ratio_vs_first"]
+    assert ratios["2"] == 1.0 and _positive(ratios["20"])
+    assert "20 partitions" in bench_spark.render("spark-read", read)
+    write = bench_spark.run_spark_write(args)
+    assert write["rows_written"] == {"2": 2000 * 2, "20": 2000 * 2}   # warm-up + one repeat
+    assert "ratio" in bench_spark.render("spark-write", write)

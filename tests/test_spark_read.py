@@ -381,7 +381,9 @@ def test_min_partitions_and_max_records_per_partition_split_ranges(kspark, clust
     full = rows_of(load(kspark, root, subscribe="multi"), False)
     assert len(full) == 60
     df = load(kspark, root, subscribe="multi")
-    assert df.rdd.getNumPartitions() == 2
+    assert df.rdd.getNumPartitions() == 2   # packed, but spread over local[2]'s two cores
+    df = load(kspark, root, subscribe="multi", openCostInBytes="128MB")
+    assert df.rdd.getNumPartitions() == 2   # an open cost of the whole budget: one range a task
     df = load(kspark, root, subscribe="multi", maxRecordsPerPartition="10")
     assert df.rdd.getNumPartitions() == 4 + 3
     assert rows_of(df, False) == full

@@ -23,6 +23,19 @@ KafkaOffsetRangeCalculator) wherever it applies:
    aborted ranges and the last stable offset (log/transactions.py); the end is capped there.
 6. **splitting**: Spark's KafkaOffsetRangeCalculator, ``maxRecordsPerPartition`` first, then
    ``minPartitions`` proportionally to range sizes.
+7. **packing** (:func:`pack`): the ranges of many partitions share one Spark task, as Spark's
+   file sources pack small files (``FilePartition.getFilePartitions``): each range is charged
+   its bytes plus ``openCostInBytes``, ranges larger than the budget are split by offsets, and
+   the ranges, largest first, fill one task until the next would pass ``maxPartitionBytes``.
+   Why: every task of a Python data source pays a fixed cost (tens of milliseconds for the
+   Python worker round trip), which over 1,000 small partitions dwarfs reading them.
+   ``minPartitions`` and ``maxRecordsPerPartition`` still hold for the packed tasks.
+
+A range's bytes are estimated from the sizes of its segment files (the directory listing that
+opening the partition does anyway, so planning costs no extra request): a segment holding
+offsets ``[base, next base)`` (the last one up to the high watermark) is charged in proportion
+to the part of that span the range covers. A range of whole segments (the default
+earliest..latest) is exact; a partial one assumes records of even size across the segment.
 """
 from __future__ import annotations
 
@@ -117,6 +130,8 @@ class ReadTask:
     start: int
     end: int
     aborted: List[AbortedRange] = field(default_factory=list)
+    #: estimated bytes of the log the range covers (see the module docstring), for packing
+    bytes: int = 0
 
     @property
     def topic(self) -> str:
@@ -131,8 +146,26 @@ class ReadTask:
         return self.end - self.start
 
     def slice(self, start: int, end: int) -> "ReadTask":
+        share = (end - start) / self.size if self.size else 0
         return ReadTask(self.handle, start, end,
-                        [r for r in self.aborted if r[1] < end and r[2] > start])
+                        [r for r in self.aborted if r[1] < end and r[2] > start],
+                        int(round(self.bytes * share)))
+
+
+@dataclass
+class ReadSplit:
+    """One Spark input partition: ranges of one or more partitions, read one after another in
+    this order (picklable)."""
+
+    ranges: List[ReadTask]
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.bytes for r in self.ranges)
+
+    @property
+    def records(self) -> int:
+        return sum(r.size for r in self.ranges)
 
 
 # -- 1. partitions -----------------------------------------------------------------------------
@@ -245,14 +278,27 @@ def plan_partition(handle: PartitionHandle, log, opts, bounds: Bounds,
         aborted = scan.aborted_in(start, end)
         if start >= end:
             return None
-    return ReadTask(handle, start, end, aborted)
+    return ReadTask(handle, start, end, aborted, range_bytes(log, start, end, high))
+
+
+def range_bytes(log, start: int, end: int, high: int) -> int:
+    """Estimated log bytes of ``[start, end)`` from segment sizes (module docstring, 7)."""
+    segments = log.segments
+    total = 0.0
+    for i, seg in enumerate(segments):
+        lo = seg.base_offset
+        hi = segments[i + 1].base_offset if i + 1 < len(segments) else max(high, end, lo + 1)
+        covered = min(end, hi) - max(start, lo)
+        if covered > 0 and hi > lo:
+            total += seg.size() * covered / (hi - lo)
+    return int(round(total))
 
 
 def plan(source: ReadSource, opts, bounds: Optional[Bounds] = None,
          stats: Optional[ReadStats] = None) -> List[ReadTask]:
-    """All tasks of a read. ``opts`` carries the fields of ``spark.read_options.ReadOptions``:
-    subscription, starting, ending, starting_strategy, fail_on_data_loss, read_committed,
-    min_partitions, max_records_per_partition."""
+    """All ranges of a read, one task each before packing. ``opts`` carries the fields of
+    ``spark.read_options.ReadOptions``: subscription, starting, ending, starting_strategy,
+    fail_on_data_loss, read_committed, min_partitions, max_records_per_partition."""
     bounds = bounds or Bounds()
     tps = subscribed_partitions(source, opts.subscription)
     _check_covers(opts.starting, tps)
@@ -302,3 +348,67 @@ def split(tasks: List[ReadTask], min_partitions: Optional[int] = None,
     split_parts = max(min_partitions - len(unsplit), 1)
     return [piece for t in tasks
             for piece in _divide(t, part_count(t.size, split_total, split_parts))]
+
+
+# -- 7. packing (Spark's FilePartition.getFilePartitions) ---------------------------------------
+
+#: Spark's defaults for ``spark.sql.files.maxPartitionBytes`` and ``spark.sql.files.openCostInBytes``
+DEFAULT_MAX_PARTITION_BYTES = 128 << 20
+DEFAULT_OPEN_COST_IN_BYTES = 4 << 20
+
+
+def pack(tasks: List[ReadTask], max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
+         open_cost: int = DEFAULT_OPEN_COST_IN_BYTES, min_partitions: Optional[int] = None,
+         max_records: Optional[int] = None, min_partition_num: Optional[int] = None
+         ) -> List[ReadSplit]:
+    """Ranges (after :func:`split`) -> Spark input partitions.
+
+    As Spark's file sources: the budget is ``min(maxPartitionBytes, max(openCost, total / n))``
+    (``total`` charging each range its bytes plus ``openCost``; ``n`` the larger of
+    ``minPartitions`` and Spark's ``min_partition_num``, the session's default parallelism, so
+    that a small read still spreads over the cores); a range above the budget is split by
+    offsets; ranges sorted largest first
+    fill a task until the next would pass the budget (next fit). A task also closes before it
+    would hold more than ``max_records`` offsets. If that leaves fewer than ``min_partitions``
+    tasks, the largest packed task is halved until there are enough (``split`` made at least
+    that many ranges, so this ends). Inside a task ranges are ordered by topic, partition and
+    offset: rows come partition by partition, each in offset order.
+    """
+    tasks = [t for t in tasks if t.size > 0]
+    if not tasks:
+        return []
+    total = sum(t.bytes + open_cost for t in tasks)
+    budget = max_partition_bytes
+    n = max(min_partitions or 1, min_partition_num or 1)
+    if n > 1:
+        budget = min(budget, max(open_cost, total // n))
+    budget = max(budget, 1)
+    pieces: List[ReadTask] = []
+    for t in tasks:
+        n = max(1, min(math.ceil(t.bytes / budget), t.size))
+        pieces.extend(_divide(t, n) if n > 1 else [t])
+    pieces.sort(key=lambda t: (-t.bytes, t.topic, t.partition, t.start))
+    bins: List[List[ReadTask]] = []
+    current: List[ReadTask] = []
+    size = records = 0
+    for t in pieces:
+        if current and (size + t.bytes > budget
+                        or (max_records is not None and records + t.size > max_records)):
+            bins.append(current)
+            current, size, records = [], 0, 0
+        current.append(t)
+        size += t.bytes + open_cost
+        records += t.size
+    bins.append(current)
+    while min_partitions and len(bins) < min_partitions:
+        multi = [b for b in bins if len(b) > 1]
+        if not multi:
+            break
+        largest = max(multi, key=lambda b: sum(t.bytes + open_cost for t in b))
+        bins.remove(largest)
+        half = len(largest) // 2
+        bins += [largest[:half], largest[half:]]
+    order = lambda t: (t.topic, t.partition, t.start)  # noqa: E731
+    splits = [ReadSplit(sorted(b, key=order)) for b in bins]
+    splits.sort(key=lambda s: order(s.ranges[0]))
+    return splits

@@ -84,18 +84,20 @@ class PartitionLog:
 
     def refresh(self) -> None:
         """Re-list segments from storage (another process may have rolled or deleted some)."""
-        bases = set()
+        sizes = {}
         for info in self.storage.list(self.dir):
             m = _SEGMENT_FILE.match(info.name)
             if m and m.group(2) == "log":
                 base = int(m.group(1))
                 if self.segment_filter is None or self.segment_filter(base):
-                    bases.add(base)
+                    sizes[base] = info.size
         old = {s.base_offset: s for s in self.segments}
         self.segments = [old.get(b) or LogSegment(self.storage, self.dir, b, self.config,
-                                                  self.stats) for b in sorted(bases)]
+                                                  self.stats) for b in sorted(sizes)]
         for i, seg in enumerate(self.segments):
-            seg._size = None
+            # the listing's size is as fresh as a stat would be, and saves one per segment
+            # (read planning sizes every range from them)
+            seg._size = sizes[seg.base_offset]
             # every segment but the newest is complete; under the cluster protocol all are
             seg.sealed = self.segment_filter is not None or i + 1 < len(self.segments)
 

@@ -9,16 +9,28 @@ from .schema import kafka_schema
 
 
 class KafkaLogDataSource(DataSource):
+    #: ``read_options.session_defaults`` of the session ``register`` ran in
+    session: dict = {}
+
     @classmethod
     def name(cls) -> str:
         return "kafkalog"
+
+    @classmethod
+    def for_session(cls, spark):
+        """This class with the session's defaults: a subclass Spark pickles by value, so that
+        the planner worker (which cannot read the session's conf) gets them."""
+        from .read_options import session_defaults
+        return type(cls.__name__, (cls,), {"session": session_defaults(spark),
+                                           "__module__": cls.__module__,
+                                           "__qualname__": cls.__qualname__ + "ForSession"})
 
     def schema(self):
         return kafka_schema(ReadOptions.parse(self.options, validate=False).include_headers)
 
     def reader(self, schema):
         from .reader import KafkaLogReader
-        return KafkaLogReader(ReadOptions.parse(self.options), schema)
+        return KafkaLogReader(ReadOptions.parse(self.options, session=self.session), schema)
 
     def writer(self, schema, overwrite: bool):
         from .writer import KafkaLogWriter
@@ -30,4 +42,5 @@ class KafkaLogPushdownDataSource(KafkaLogDataSource):
 
     def reader(self, schema):
         from .reader import KafkaLogPushdownReader
-        return KafkaLogPushdownReader(ReadOptions.parse(self.options), schema)
+        return KafkaLogPushdownReader(ReadOptions.parse(self.options, session=self.session),
+                                      schema)

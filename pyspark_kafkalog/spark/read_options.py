@@ -42,6 +42,14 @@ option                                  kafkalog (batch read)
 ``minPartitions``                       as Spark: split offset ranges into at least this many
                                         tasks (Spark's KafkaOffsetRangeCalculator).
 ``maxRecordsPerPartition``              as Spark: at most this many offsets per task.
+``maxPartitionBytes``                   as Spark's file sources: the log bytes one task packs
+                                        the ranges of many partitions into; default the
+                                        session's ``spark.sql.files.maxPartitionBytes`` when
+                                        ``register`` ran (Spark's default 128MB). Bytes or
+                                        ``128MB``/``512k``/….
+``openCostInBytes``                     as Spark's file sources: what each range is charged on
+                                        top of its bytes when packing; default the session's
+                                        ``spark.sql.files.openCostInBytes`` (Spark's 4MB).
 ``includeHeaders``                      as Spark, default ``false``: adds the ``headers`` column.
 ``kafka.isolation.level``               ``read_uncommitted`` (Kafka's default) or
                                         ``read_committed``. Control records are never returned.
@@ -93,7 +101,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 
-from ..cluster.read_plan import EARLIEST, LATEST, OffsetLimit, Subscription
+from ..cluster.read_plan import (DEFAULT_MAX_PARTITION_BYTES, DEFAULT_OPEN_COST_IN_BYTES,
+                                 EARLIEST, LATEST, OffsetLimit, Subscription)
 from ..errors import InvalidConfigError
 
 # lower-case key -> canonical spelling
@@ -101,7 +110,7 @@ SUPPORTED = {k.lower(): k for k in (
     "path", "assign", "subscribe", "subscribePattern", "startingOffsets", "endingOffsets",
     "startingOffsetsByTimestamp", "startingTimestamp", "endingOffsetsByTimestamp",
     "endingTimestamp", "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions",
-    "maxRecordsPerPartition", "includeHeaders", "kafka.isolation.level", "readToLogEnd",
+    "maxRecordsPerPartition", "maxPartitionBytes", "openCostInBytes", "includeHeaders", "kafka.isolation.level", "readToLogEnd",
     "kafkalog.test.statsFile")}
 NO_OPS = {k.lower(): k for k in (
     "kafka.group.id", "groupIdPrefix", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
@@ -164,6 +173,22 @@ def _positive_int(option: str, value: str) -> int:
     except ValueError:
         raise _err(option, value, "expected a positive integer") from None
     if n <= 0:
+        raise _err(option, value, "must be positive")
+    return n
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "g": 1 << 30, "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def _byte_size(option: str, value: str, allow_zero: bool = False) -> int:
+    """A size as Spark's byte configs take it: ``134217728``, ``128m``, ``128MB`` (binary)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(value))
+    unit = m and _BYTE_UNITS.get(m.group(2).lower())
+    if not unit:
+        raise _err(option, value, "expected a size in bytes, e.g. 134217728 or 128MB")
+    n = int(m.group(1)) * unit
+    if n <= 0 and not allow_zero:
         raise _err(option, value, "must be positive")
     return n
 
@@ -328,6 +353,11 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     min_partitions: Optional[int] = None
     max_records_per_partition: Optional[int] = None
+    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+    open_cost_in_bytes: int = DEFAULT_OPEN_COST_IN_BYTES
+    #: Spark's ``minPartitionNum`` of file sources (``spark.sql.files.minPartitionNum``, else
+    #: the default parallelism), from the session when ``register`` ran; not an option
+    min_partition_num: Optional[int] = None
     include_headers: bool = False
     isolation_level: str = "read_uncommitted"
     read_to_log_end: bool = False
@@ -339,11 +369,26 @@ class ReadOptions:
         return self.isolation_level == "read_committed"
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], validate: bool = True) -> "ReadOptions":
+    def parse(cls, options: Mapping[str, str], validate: bool = True,
+              session: Optional[Mapping[str, str]] = None) -> "ReadOptions":
         """Parse Spark's option map (keys case-insensitive). ``validate=False`` (used for the
-        schema) parses only ``includeHeaders`` and never fails on the other options."""
+        schema) parses only ``includeHeaders`` and never fails on the other options.
+        ``session`` holds :func:`session_defaults` (what the planner cannot read itself)."""
         opts = {str(k).lower(): ("" if v is None else str(v)) for k, v in dict(options).items()}
         out = cls()
+        session = dict(session or {})
+        try:
+            if session.get("maxPartitionBytes"):
+                out.max_partition_bytes = _byte_size("spark.sql.files.maxPartitionBytes",
+                                                     session["maxPartitionBytes"])
+            if session.get("openCostInBytes"):
+                out.open_cost_in_bytes = _byte_size("spark.sql.files.openCostInBytes",
+                                                    session["openCostInBytes"], allow_zero=True)
+            if session.get("minPartitionNum"):
+                out.min_partition_num = _positive_int("spark.sql.files.minPartitionNum",
+                                                      session["minPartitionNum"])
+        except InvalidConfigError:   # a session value we cannot read: Spark's defaults
+            pass
         if "includeheaders" in opts:
             out.include_headers = _bool("includeHeaders", opts["includeheaders"])
         if not validate:
@@ -372,6 +417,11 @@ class ReadOptions:
         if "maxrecordsperpartition" in opts:
             out.max_records_per_partition = _positive_int("maxRecordsPerPartition",
                                                           opts["maxrecordsperpartition"])
+        if "maxpartitionbytes" in opts:
+            out.max_partition_bytes = _byte_size("maxPartitionBytes", opts["maxpartitionbytes"])
+        if "opencostinbytes" in opts:
+            out.open_cost_in_bytes = _byte_size("openCostInBytes", opts["opencostinbytes"],
+                                                allow_zero=True)
         if "kafka.isolation.level" in opts:
             level = opts["kafka.isolation.level"].strip().lower()
             if level not in ISOLATION_LEVELS:
@@ -384,3 +434,27 @@ class ReadOptions:
                                if k.startswith(STORAGE_PREFIX)}
         out.stats_file = opts.get("kafkalog.test.statsfile") or None
         return out
+
+
+def session_defaults(spark) -> Dict[str, str]:
+    """The session settings packing follows, read on the driver when ``register`` runs: a
+    Python data source's planner runs in a worker that cannot see the session's conf. Anything
+    unreadable (Spark Connect has no SparkContext) is left to Spark's defaults."""
+    out: Dict[str, str] = {}
+    for key, conf in (("maxPartitionBytes", "spark.sql.files.maxPartitionBytes"),
+                      ("openCostInBytes", "spark.sql.files.openCostInBytes"),
+                      ("minPartitionNum", "spark.sql.files.minPartitionNum")):
+        try:
+            value = spark.conf.get(conf, None)
+        except Exception:
+            value = None
+        if value:
+            out[key] = str(value)
+    if "minPartitionNum" not in out:
+        try:   # Spark's leafNodeDefaultParallelism
+            out["minPartitionNum"] = str(spark.conf.get("spark.sql.leafNodeDefaultParallelism",
+                                                        None)
+                                         or spark.sparkContext.defaultParallelism)
+        except Exception:
+            pass
+    return out

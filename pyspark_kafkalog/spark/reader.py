@@ -3,9 +3,11 @@
 * ``pushFilters`` turns Spark's filters on ``topic``, ``partition``, ``offset`` and
   ``timestamp`` into :class:`~pyspark_kafkalog.cluster.read_plan.Bounds`;
 * ``partitions`` (driver side, in a planning worker) plans offset ranges with
-  :func:`~pyspark_kafkalog.cluster.read_plan.plan`;
+  :func:`~pyspark_kafkalog.cluster.read_plan.plan` and packs them into input partitions with
+  :func:`~pyspark_kafkalog.cluster.read_plan.pack` (``maxPartitionBytes``, ``openCostInBytes``):
+  a Python task's fixed cost is paid per input partition, not per Kafka partition;
 * ``read`` (executors) re-opens storage from the URL and yields Arrow record batches through
-  :func:`~pyspark_kafkalog.cluster.range_reader.read_range`.
+  :func:`~pyspark_kafkalog.cluster.range_reader.read_range`, one packed range after another.
 
 Which filters go back to Spark: exact narrowing (``topic`` =/IN, ``partition`` =/IN/comparisons,
 ``offset`` =/comparisons, IS NOT NULL on never-null columns) is fully handled here. ``offset IN``
@@ -25,7 +27,7 @@ from pyspark.sql.datasource import (DataSourceReader, EqualNullSafe, EqualTo, Gr
                                     GreaterThanOrEqual, In, InputPartition, IsNotNull, LessThan,
                                     LessThanOrEqual)
 
-from ..cluster.read_plan import Bounds, ReadTask, plan
+from ..cluster.read_plan import Bounds, ReadSplit, ReadTask, pack, plan
 from ..cluster.range_reader import read_range
 from ..cluster.sources import normalize_url, open_source
 from ..errors import InvalidConfigError
@@ -38,11 +40,21 @@ _NEVER_NULL = {"topic", "partition", "offset", "timestamp", "timestampType"}
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
 
 
-class KafkaLogInputPartition(InputPartition):
-    """One :class:`ReadTask` (an offset range of one Kafka partition)."""
+_COALESCE_BYTES = 1 << 20
 
-    def __init__(self, task: ReadTask):
-        super().__init__(task)
+
+def _concat(batches):
+    if len(batches) == 1:
+        return batches[0]
+    import pyarrow as pa
+    return pa.concat_batches(batches)
+
+
+class KafkaLogInputPartition(InputPartition):
+    """One :class:`ReadSplit`: offset ranges of one or more Kafka partitions."""
+
+    def __init__(self, split: ReadSplit):
+        super().__init__(split)
 
 
 def _number(value):
@@ -165,20 +177,46 @@ class KafkaLogReader(DataSourceReader):
         opts = self.options
         stats = ReadStats()
         source = open_source(opts.path, opts.storage_options, read_to_log_end=opts.read_to_log_end)
-        tasks = plan(source, opts, self.bounds, stats)
+        ranges = plan(source, opts, self.bounds, stats)
+        splits = pack(ranges, opts.max_partition_bytes, opts.open_cost_in_bytes,
+                      opts.min_partitions, opts.max_records_per_partition,
+                      opts.min_partition_num)
         if opts.stats_file:
-            _append_stats(opts.stats_file, {"phase": "plan", "tasks": len(tasks),
+            _append_stats(opts.stats_file, {"phase": "plan", "tasks": len(splits),
+                                            "ranges": len(ranges),
                                             "log_bytes": stats.log_bytes,
                                             "index_bytes": stats.index_bytes,
                                             "requests": stats.requests})
-        return [KafkaLogInputPartition(t) for t in tasks]
+        return [KafkaLogInputPartition(s) for s in splits]
 
     def read(self, partition: InputPartition) -> Iterator:
         worker_gc.freeze_once()
-        task = partition.value
-        if not isinstance(task, ReadTask):   # nothing planned: Spark's single empty partition
+        split = partition.value
+        if not isinstance(split, ReadSplit):   # nothing planned: Spark's single empty partition
             return iter(())
-        return self._read(task)
+        return self._read_split(split)
+
+    def _read_split(self, split: ReadSplit) -> Iterator:
+        """The ranges one after another. Small record batches (a small partition's whole
+        range) are joined up to about ``_COALESCE_BYTES`` before Spark gets them: each batch
+        handed to Spark costs a fixed amount of Arrow messaging, which over a thousand ranges
+        of a few hundred rows each costs more than copying them once."""
+        if len(split.ranges) == 1:
+            yield from self._read(split.ranges[0])
+            return
+        pending, size = [], 0
+        for task in split.ranges:
+            for batch in self._read(task):
+                if not pending and batch.nbytes >= _COALESCE_BYTES:
+                    yield batch
+                    continue
+                pending.append(batch)
+                size += batch.nbytes
+                if size >= _COALESCE_BYTES:
+                    yield _concat(pending)
+                    pending, size = [], 0
+        if pending:
+            yield _concat(pending)
 
     def _read(self, task: ReadTask) -> Iterator:
         opts = self.options

@@ -1,0 +1,181 @@
+"""Issue #18: the batch reader packs the ranges of many Kafka partitions into few Spark tasks, as
+Spark's file sources pack small files (cluster/read_plan.pack), and minPartitions /
+maxRecordsPerPartition keep their meaning from Spark's Kafka source."""
+import pytest
+
+from pyspark_kafkalog.cluster.read_plan import ReadTask, pack, range_bytes
+from pyspark_kafkalog.cluster.sources import PartitionHandle
+
+MB = 1 << 20
+
+
+def task(partition, start, end, nbytes, topic="t"):
+    handle = PartitionHandle("cluster", "mem://x", {}, topic, partition, f"{topic}-{partition}",
+                             0, end)
+    return ReadTask(handle, start, end, [], nbytes)
+
+
+def covered(splits):
+    """Every offset the splits read, as (topic, partition, offset)."""
+    return sorted((r.topic, r.partition, o) for s in splits for r in s.ranges
+                  for o in range(r.start, r.end))
+
+
+def all_offsets(tasks):
+    return sorted((t.topic, t.partition, o) for t in tasks for o in range(t.start, t.end))
+
+
+# -- planning, without Spark --------------------------------------------------------------------
+
+def test_many_small_ranges_share_a_task_charged_their_open_cost():
+    tasks = [task(p, 0, 100, 10_000) for p in range(1000)]
+    splits = pack(tasks, 128 * MB, 4 * MB)
+    # Spark's rule: a range joins while the task's charge so far plus its bytes stays within
+    # the budget; 31 * (4 MB + 10 KB) + 10 KB fits, 32 * (4 MB + 10 KB) + 10 KB does not
+    assert [len(s.ranges) for s in splits] == [32] * 31 + [8]
+    assert covered(splits) == all_offsets(tasks)
+    assert len(pack(tasks, 128 * MB, 0)) == 1
+    # an open cost of the whole budget: one range per task, as before packing
+    assert len(pack(tasks, 128 * MB, 128 * MB)) == 1000
+
+
+def test_ranges_inside_a_task_come_partition_by_partition_in_offset_order():
+    tasks = [task(p, 0, 10 * (p + 1), 1000 * (p + 1), topic) for topic in ("b", "a")
+             for p in range(5)]
+    for split in pack(tasks, 128 * MB, 0) + pack(tasks, 20_000, 1000):
+        keys = [(r.topic, r.partition, r.start) for r in split.ranges]
+        assert keys == sorted(keys)
+
+
+def test_a_range_above_the_budget_is_split_by_offsets():
+    splits = pack([task(0, 1000, 4000, 300 * MB)], 128 * MB, 4 * MB)
+    assert [(r.start, r.end) for s in splits for r in s.ranges] == \
+        [(1000, 2000), (2000, 3000), (3000, 4000)]
+    assert all(r.bytes == 100 * MB for s in splits for r in s.ranges)
+
+
+def test_min_partitions_and_session_parallelism_spread_the_bytes():
+    tasks = [task(p, 0, 100, MB) for p in range(10)]
+    assert len(pack(tasks, 128 * MB, 0)) == 1
+    # Spark's file sources: total / default parallelism caps the budget
+    two = pack(tasks, 128 * MB, 0, min_partition_num=2)
+    assert [len(s.ranges) for s in two] == [5, 5]
+    for n in range(1, 11):
+        splits = pack(tasks, 128 * MB, 4 * MB, min_partitions=n)
+        assert len(splits) >= n
+        assert covered(splits) == all_offsets(tasks)
+    # even when the sizes are skewed
+    skewed = [task(0, 0, 1000, 100 * MB)] + [task(p, 0, 10, 1000) for p in range(1, 8)]
+    assert len(pack(skewed, 128 * MB, 4 * MB, min_partitions=8)) >= 8
+
+
+def test_max_records_per_partition_caps_each_task():
+    tasks = [task(p, 0, 7, 100) for p in range(20)]
+    splits = pack(tasks, 128 * MB, 0, max_records=25)
+    assert all(s.records <= 25 for s in splits)
+    assert [s.records for s in splits].count(21) == 6   # three ranges of 7 fit, a fourth not
+    assert covered(splits) == all_offsets(tasks)
+    assert pack([], 128 * MB, 4 * MB) == []
+
+
+class _Seg:
+    def __init__(self, base, size):
+        self.base_offset, self._size = base, size
+
+    def size(self):
+        return self._size
+
+
+class _Log:
+    def __init__(self, segments):
+        self.segments = segments
+
+
+def test_range_bytes_are_estimated_from_segment_sizes():
+    log = _Log([_Seg(0, 1000), _Seg(100, 2000), _Seg(300, 500)])
+    # offsets 0..99, 100..299, 300..(high watermark 400)
+    assert range_bytes(log, 0, 400, 400) == 3500                    # whole segments: exact
+    assert range_bytes(log, 50, 200, 400) == 500 + 1000              # halves of two
+    assert range_bytes(log, 350, 360, 400) == 50
+    assert range_bytes(_Log([]), 0, 10, 10) == 0
+
+
+# -- a real SparkSession ----------------------------------------------------------------------
+
+PARTITIONS, PER = 12, 30
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    from pyspark_kafkalog.admin import Admin
+    from pyspark_kafkalog.cluster.producer import Producer
+    from pyspark_kafkalog.format.records import Record
+    root = tmp_path_factory.mktemp("packing")
+    admin = Admin(str(root))
+    admin.create_topic("many", PARTITIONS)
+    prod = Producer(admin.cluster)
+    prod.send({("many", p): prod.encode("many", [Record(b"k%d-%d" % (p, i), b"v" * (i + 1),
+                                                        1_700_000_000_000 + i)
+                                                 for i in range(PER + p)], batch_records=7)
+               for p in range(PARTITIONS)})
+    return str(root)
+
+
+def load(spark, root, **options):
+    reader = spark.read.format("kafkalog").option("subscribe", "many")
+    for k, v in options.items():
+        reader = reader.option(k, str(v))
+    return reader.load(root)
+
+
+def tasks_rows(df):
+    """[(spark partition id, [(partition, offset) in the order the task returned them])]."""
+    from pyspark.sql import functions as F
+    got = (df.select(F.spark_partition_id().alias("sp"),
+                     F.monotonically_increasing_id().alias("i"), "partition", "offset")
+           .collect())
+    out = {}
+    for r in sorted(got, key=lambda r: r.i):
+        out.setdefault(r.sp, []).append((r.partition, r.offset))
+    return out
+
+
+def test_spark_packs_partitions_into_few_tasks_with_the_same_rows(ks, many):
+    total = sum(PER + p for p in range(PARTITIONS))
+    packed = load(ks, many)
+    # local[2]: the default parallelism spreads the bytes over two tasks
+    assert packed.rdd.getNumPartitions() == 2
+    one_each = load(ks, many, openCostInBytes="128MB")
+    assert one_each.rdd.getNumPartitions() == PARTITIONS
+    cols = ["topic", "partition", "offset", "timestamp", "timestampType", "key", "value"]
+    want = sorted(tuple(r) for r in one_each.select(*cols).collect())
+    assert len(want) == total
+    assert sorted(tuple(r) for r in packed.select(*cols).collect()) == want
+    assert packed.schema == one_each.schema
+    by_task = tasks_rows(load(ks, many))
+    assert len(by_task) == 2
+    for rows in by_task.values():
+        assert rows == sorted(rows)   # partition by partition, each in offset order
+        assert len({p for p, _ in rows}) > 1
+
+
+def test_spark_min_partitions_and_max_records_per_partition_still_hold(ks, many):
+    total = sum(PER + p for p in range(PARTITIONS))
+    df = load(ks, many, minPartitions=5)
+    assert df.rdd.getNumPartitions() >= 5
+    assert df.count() == total
+    by_task = tasks_rows(load(ks, many, maxRecordsPerPartition=80))
+    assert all(len(rows) <= 80 for rows in by_task.values())
+    assert any(len({p for p, _ in rows}) > 1 for rows in by_task.values())   # still packed
+    assert sum(len(rows) for rows in by_task.values()) == total
+    for rows in by_task.values():
+        assert rows == sorted(rows)
+
+
+def test_packing_options_are_checked(ks, many):
+    from pyspark.errors import PythonException, AnalysisException
+    for bad in ("lots", "-1", "0"):
+        with pytest.raises((PythonException, AnalysisException), match="maxPartitionBytes"):
+            load(ks, many, maxPartitionBytes=bad).count()
+    assert load(ks, many, maxPartitionBytes="1k", openCostInBytes="0").count() == \
+        sum(PER + p for p in range(PARTITIONS))
