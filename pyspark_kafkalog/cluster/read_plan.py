@@ -352,7 +352,7 @@ def split(tasks: List[ReadTask], min_partitions: Optional[int] = None,
 
 # -- 7. packing (Spark's FilePartition.getFilePartitions) ---------------------------------------
 
-#: Spark's defaults for ``spark.sql.files.maxPartitionBytes`` and ``spark.sql.files.openCostInBytes``
+#: Spark's defaults of ``spark.sql.files.maxPartitionBytes`` and ``...openCostInBytes``
 DEFAULT_MAX_PARTITION_BYTES = 128 << 20
 DEFAULT_OPEN_COST_IN_BYTES = 4 << 20
 

@@ -110,7 +110,8 @@ SUPPORTED = {k.lower(): k for k in (
     "path", "assign", "subscribe", "subscribePattern", "startingOffsets", "endingOffsets",
     "startingOffsetsByTimestamp", "startingTimestamp", "endingOffsetsByTimestamp",
     "endingTimestamp", "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions",
-    "maxRecordsPerPartition", "maxPartitionBytes", "openCostInBytes", "includeHeaders", "kafka.isolation.level", "readToLogEnd",
+    "maxRecordsPerPartition", "maxPartitionBytes", "openCostInBytes", "includeHeaders",
+    "kafka.isolation.level", "readToLogEnd",
     "kafkalog.test.statsFile")}
 NO_OPS = {k.lower(): k for k in (
     "kafka.group.id", "groupIdPrefix", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
