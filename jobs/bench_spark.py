@@ -278,7 +278,12 @@ def run_write_sweep(args, spark, counts) -> Dict[str, object]:
         extra = dict(kv.split("=", 1) for kv in args.write_option or [])
 
         def write(n):
-            w = (src.write.format("kafkalog").option("topic", f"bench-{n}")
+            df = src
+            if args.shuffle:   # each Kafka partition written by one of --partitions tasks
+                from pyspark_kafkalog.spark.writer import repartition_by_kafka_partition
+                df = repartition_by_kafka_partition(src, url, f"bench-{n}",
+                                                    num_tasks=args.partitions)
+            w = (df.write.format("kafkalog").option("topic", f"bench-{n}")
                  .option("storage.direct_io", direct_io).mode("append"))
             for k, v in extra.items():
                 w = w.option(k, v)
@@ -290,7 +295,7 @@ def run_write_sweep(args, spark, counts) -> Dict[str, object]:
                                Admin(url).describe_topic(f"bench-{n}").partitions)
                    for n in counts}
         return dict(_sweep_summary(args.rows, counts, times), rows_written=written,
-                    write_options=extra)
+                    write_options=extra, shuffle=bool(args.shuffle))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -385,6 +390,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --topic-partitions: an option for every kafkalog read")
     p.add_argument("--write-option", action="append", metavar="K=V",
                    help="with --topic-partitions: an option for every kafkalog write")
+    p.add_argument("--shuffle", action="store_true",
+                   help="spark-write with --topic-partitions: shuffle the rows by target "
+                        "partition first (repartition_by_kafka_partition, --partitions tasks)")
     p.add_argument("--page-cache", action="store_true",
                    help="spark-write: kafkalog and the bytes sink write through the page cache "
                         "(storage.direct_io=false) instead of with O_DIRECT (the default)")

@@ -93,7 +93,7 @@ def test_spark_sections_sweep_partition_counts(spark):
         sys.path.remove(str(SCRIPT.parent))
     args = argparse.Namespace(rows=2000, partitions=2, value_bytes=20, codec="none", repeat=1,
                               dir=None, page_cache=False, topic_partitions="2,20",
-                              read_option=None, write_option=None)
+                              read_option=None, write_option=None, shuffle=False)
     read = bench_spark.run_spark_read(args)
     assert read["rows_read"] == {"2": 2000, "20": 2000}
     ratios = read["median_ratio_vs_first"]

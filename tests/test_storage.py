@@ -603,3 +603,63 @@ def test_generic_fsspec_backend_claims_nothing_and_refuses_create():
     assert generic.read("d/f") == b"12" and generic.list("d") == [FileInfo("f", 2)]
     generic.delete_tree("d")
     assert generic.list("d") == []
+
+
+# -- one durability barrier for a flush's files (issue #18) ------------------------------------
+
+def _count_fsyncs(monkeypatch):
+    """Every fsync as the path it synced (via /proc/self/fd)."""
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+@pytest.mark.parametrize("syncfs_past", [1000, 0])
+def test_sync_batch_makes_a_flushes_files_durable_together(tmp_path, monkeypatch, syncfs_past):
+    """Inside a SyncBatch job, creates and spool publishes skip their own fsyncs; sync() then
+    fsyncs every file and each directory once (or one syncfs past SYNCFS_FILES files). Outside
+    a wrapped job, and on other threads, every create still syncs on its own."""
+    import threading
+    from pyspark_kafkalog.storage.local import LocalStorage, SyncBatch
+    monkeypatch.setattr(SyncBatch, "SYNCFS_FILES", syncfs_past)
+    st = LocalStorage(str(tmp_path / "root"), direct_io=False)
+    for d in ("a", "b"):
+        os.makedirs(tmp_path / "root" / d)
+    synced = _count_fsyncs(monkeypatch)
+    batch = st.sync_batch()
+    outside = []
+
+    def job(d):
+        def run():
+            st.create_if_absent(f"{d}/0.index", b"i" * 10)
+            spool = st.open_spool(d, "spool.log", 4)
+            spool.append([b"hdr!", b"body"])
+            spool.publish(f"{d}/0.log", [(0, b"HDR!")])
+            # another thread meanwhile is not part of the batch: it syncs as ever
+            t = threading.Thread(target=lambda: outside.append(
+                st.create_if_absent(f"{d}/other", b"x")))
+            t.start()
+            t.join()
+        return run
+    for d in ("a", "b"):
+        batch.wrap(job(d))()
+    # nothing of the batch's files was synced; the other thread's file (its temp, then its
+    # directory) was, as ever
+    assert [p for p in synced if "other" not in p and not p.endswith(("/a", "/b"))] == []
+    assert sum("other" in p for p in synced) == 2
+    del synced[:]
+    batch.sync()
+    root = str(tmp_path / "root")
+    if syncfs_past:
+        assert sorted(synced) == sorted([f"{root}/a/0.index", f"{root}/a/0.log",
+                                         f"{root}/b/0.index", f"{root}/b/0.log",
+                                         f"{root}/a", f"{root}/b"])
+    else:
+        assert synced == []   # one syncfs instead
+    assert st.read("a/0.log") == b"HDR!body" and st.read("b/0.index") == b"i" * 10
+    assert LocalStorage(root, fsync=False).sync_batch() is None

@@ -154,8 +154,14 @@ class Producer:
                                     cluster.partition_dir(*tp, state=state), stamped, config,
                                     spools.get(tp)))
             # each job records its segments in pending as it ends, so that an abort after
-            # another partition's failure deletes them too
+            # another partition's failure deletes them too. With many partitions their files
+            # are made durable together, once all are written (storage.local.SyncBatch)
+            batch = cluster.storage.sync_batch() if len(jobs) > 1 else None
+            if batch is not None:
+                jobs = [batch.wrap(job) for job in jobs]
             run_all(jobs, cluster.storage.concurrent_writes)
+            if batch is not None:
+                batch.sync()
         except BaseException:
             self._try_abort([pending])
             raise

@@ -117,6 +117,7 @@ class SpoolWriter:
 
     def __init__(self):
         self._pending: List[Future] = []
+        self._prune_at = 64          # finished runs are dropped from _pending past this many
         self._queued: dict = {}      # id -> spool with a queue
 
     def add(self, spool: SegmentSpool, data) -> None:
@@ -130,8 +131,12 @@ class SpoolWriter:
         run, spool.queue, spool.queued = spool.queue, [], 0
         self._queued.pop(id(spool), None)
         self._pending.append(self._executor.get().submit(spool.append, run))
-        if len(self._pending) > 64:
+        if len(self._pending) > self._prune_at:
+            # the limit doubles with what is still running: ``wait`` hands over one run per
+            # partition at once, and pruning after each of a thousand partitions' runs was
+            # quadratic (seconds at 1,000 partitions)
             self._pending = [f for f in self._pending if not f.done() or f.exception()]
+            self._prune_at = max(64, 2 * len(self._pending))
 
     def wait(self) -> None:
         for spool in list(self._queued.values()):

@@ -229,6 +229,12 @@ class Storage(abc.ABC):
     #: device's latency, and their syncs share the filesystem's journal commits
     concurrent_writes = False
 
+    def sync_batch(self):
+        """A :class:`~pyspark_kafkalog.storage.local.SyncBatch` where files created by jobs it
+        wraps may be made durable together, at its ``sync()``, instead of one by one; None
+        where each create is durable on its own anyway (object stores)."""
+        return None
+
     #: whether writers should spool (:meth:`open_spool`) rather than keep a file's content
     #: and write it whole: where a spool overlaps the kernel's work with theirs
     can_spool = False

@@ -91,7 +91,7 @@ class LocalSpool:
                 fd = os.open(tmp, os.O_WRONLY)   # patches go through the page cache
                 try:
                     self._write_patches(fd, patches)
-                    if st._fsync:
+                    if st._sync_now():
                         os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -105,7 +105,8 @@ class LocalSpool:
                     if e.errno not in NO_LINK_ERRNOS:
                         raise
                     self._publish_without_link(full, where, replace)
-                st._sync_dir(self._dir)
+                if not st._synced_later(full):
+                    st._sync_dir(self._dir)
         finally:
             self.discard()
 
