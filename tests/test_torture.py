@@ -707,21 +707,32 @@ def test_retention_plans_again_when_delete_records_removes_a_segment_under_it(tm
     from pyspark_kafkalog.format.records import Record
 
     admin = Admin(str(tmp_path))
-    admin.create_topic("r", 1, configs={"segment.bytes": "300", "retention.bytes": "700"})
+    admin.create_topic("r", 1, configs={"segment.bytes": "300", "retention.bytes": "700",
+                                        "retention.ms": str(9 * 86_400_000)})
     for i in range(12):
-        admin.produce("r", [Record(b"k%d" % i, b"v" * 120, 1_000 + i)], partition=0)
+        admin.produce("r", [Record(b"k%d" % i, b"v" * 120, 1_000 + 86_400_000 * i)],
+                      partition=0)
     storage = admin.cluster.storage
-    size, raced = storage.size, []
+    raced = []
 
-    def size_after_a_concurrent_delete(path):
-        if path.endswith(".log") and not raced:
-            raced.append(path)                     # another process deletes records meanwhile
-            admin.delete_records_before({("r", 0): 3})
-        return size(path)
+    def after_a_concurrent_delete(real):
+        def call(path, *args, **kwargs):
+            if path.endswith((".log", ".index", ".timeindex")) and not raced:
+                raced.append(path)                 # another process deletes records meanwhile
+                admin.delete_records_before({("r", 0): 3})
+            return real(path, *args, **kwargs)
+        return call
 
-    storage.size = size_after_a_concurrent_delete
-    plans = admin.retention()
-    storage.size = size
+    # whichever of a segment's files retention reads first (segment sizes may come from the
+    # directory listing, so the race is on the first read of the segment, whatever it is)
+    real = {name: getattr(storage, name) for name in ("size", "read", "read_into", "map")}
+    for name, fn in real.items():
+        setattr(storage, name, after_a_concurrent_delete(fn))
+    try:
+        plans = admin.retention(now_ms=1_000 + 10 * 86_400_000)
+    finally:
+        for name in real:
+            delattr(storage, name)
     assert raced and len(plans) == 1
     ps = admin.cluster.state().partition("r", 0)
     assert ps.log_start_offset == plans[0].new_log_start_offset > 3
