@@ -1,6 +1,8 @@
 """Issue #18: the batch reader packs the ranges of many Kafka partitions into few Spark tasks, as
 Spark's file sources pack small files (cluster/read_plan.pack), and minPartitions /
 maxRecordsPerPartition keep their meaning from Spark's Kafka source."""
+import os
+
 import pytest
 
 from pyspark_kafkalog.cluster.read_plan import ReadTask, pack, range_bytes
@@ -179,3 +181,38 @@ def test_packing_options_are_checked(ks, many):
             load(ks, many, maxPartitionBytes=bad).count()
     assert load(ks, many, maxPartitionBytes="1k", openCostInBytes="0").count() == \
         sum(PER + p for p in range(PARTITIONS))
+
+
+def test_data_loss_inside_a_packed_task_names_the_partition_and_range(tmp_path):
+    """A segment deleted after planning, in the second range of a packed task: the error names
+    that partition and its offsets (Spark's reader path, without a session)."""
+    from pyspark_kafkalog.admin import Admin
+    from pyspark_kafkalog.errors import OffsetOutOfRangeError
+    from pyspark_kafkalog.format.records import Record
+    from pyspark_kafkalog.spark.read_options import ReadOptions
+    from pyspark_kafkalog.spark.reader import KafkaLogInputPartition, KafkaLogReader
+    root = str(tmp_path / "c")
+    admin = Admin(root)
+    admin.create_topic("lost", 3)
+    for p in range(3):
+        admin.produce("lost", [Record(b"k", b"v%d" % i, 1_700_000_000_000) for i in range(5)],
+                      partition=p)
+    reader = KafkaLogReader(ReadOptions.parse({"path": root, "subscribe": "lost"}), None)
+    splits = reader.partitions()
+    assert len(splits) == 1 and len(splits[0].value.ranges) == 3
+    victim = splits[0].value.ranges[1]
+    log_dir = os.path.join(root, victim.handle.dir)
+    for name in os.listdir(log_dir):
+        if name.endswith(".log"):
+            os.remove(os.path.join(log_dir, name))
+    rows = []
+    with pytest.raises(OffsetOutOfRangeError,
+                       match=rf"lost-{victim.partition}: offset 0 was deleted .*\(the planned "
+                             rf"range: lost-{victim.partition} offsets 0 to 4"):
+        for batch in reader.read(KafkaLogInputPartition(splits[0].value)):
+            rows += batch.column("partition").to_pylist()
+    lenient = KafkaLogReader(ReadOptions.parse({"path": root, "subscribe": "lost",
+                                                "failOnDataLoss": "false"}), None)
+    got = [p for b in lenient.read(KafkaLogInputPartition(splits[0].value))
+           for p in b.column("partition").to_pylist()]
+    assert sorted(set(got)) == sorted({0, 1, 2} - {victim.partition}) and len(got) == 10

@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (DataSourceReader, EqualNullSafe, EqualTo, Gr
 from ..cluster.read_plan import Bounds, ReadSplit, ReadTask, pack, plan
 from ..cluster.range_reader import read_range
 from ..cluster.sources import normalize_url, open_source
-from ..errors import InvalidConfigError
+from ..errors import InvalidConfigError, OffsetOutOfRangeError
 from ..log.segment import ReadStats
 from . import worker_gc
 from .read_options import ReadOptions
@@ -202,11 +202,11 @@ class KafkaLogReader(DataSourceReader):
         handed to Spark costs a fixed amount of Arrow messaging, which over a thousand ranges
         of a few hundred rows each costs more than copying them once."""
         if len(split.ranges) == 1:
-            yield from self._read(split.ranges[0])
+            yield from self._read_named(split.ranges[0])
             return
         pending, size = [], 0
         for task in split.ranges:
-            for batch in self._read(task):
+            for batch in self._read_named(task):
                 if not pending and batch.nbytes >= _COALESCE_BYTES:
                     yield batch
                     continue
@@ -217,6 +217,16 @@ class KafkaLogReader(DataSourceReader):
                     pending, size = [], 0
         if pending:
             yield _concat(pending)
+
+    def _read_named(self, task: ReadTask) -> Iterator:
+        """``_read``, with lost data named by the planned range as well: in a packed task the
+        partition alone does not say which of its ranges failed."""
+        try:
+            yield from self._read(task)
+        except OffsetOutOfRangeError as exc:
+            raise OffsetOutOfRangeError(
+                f"{exc} (the planned range: {task.topic}-{task.partition} offsets {task.start} "
+                f"to {task.end - 1})") from None
 
     def _read(self, task: ReadTask) -> Iterator:
         opts = self.options
