@@ -90,7 +90,7 @@ other ``kafka.<consumer config>``       no-op: client tuning (``kafka.security.p
 ``load(p1, p2, …)`` (``paths``)         **error**: one root or log dir per read.
 =====================================  ===========================================================
 
-``kafkalog.test.statsFile`` is a hidden, test-only option: each task appends one JSON line with
+``kafkalog.test.statsFile`` is a hidden, test-only option: each range read appends a JSON line with
 the bytes it read (``ReadStats``) to that local file, so tests can assert on bytes, not time.
 """
 from __future__ import annotations
