@@ -1,7 +1,6 @@
 """Checkpoint/metadata text codecs against Kafka-written golden files and JDK-recorded vectors."""
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 
 import pytest

@@ -1,6 +1,5 @@
 """Index file codecs against Kafka-written golden indexes and Kafka's lookup/sanity rules."""
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
