@@ -6,24 +6,15 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_support import run_cli
 from pyspark_kafkalog.admin import Admin
 
 NOW = 1_700_000_000_000
 GOOD = json.dumps({"value": base64.b64encode(b"ok").decode(), "timestamp": NOW}) + "\n"
-
-
-def run_cli(*argv, stdin: str = ""):
-    proc = subprocess.run([sys.executable, "-m", "pyspark_kafkalog.cli.main", *map(str, argv)],
-                          input=stdin, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def files(root: Path) -> dict:

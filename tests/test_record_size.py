@@ -8,13 +8,12 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import write
+from cli_support import run_cli
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.errors import RecordTooLargeError
 from pyspark_kafkalog.format.batch import iter_headers
@@ -22,13 +21,6 @@ from pyspark_kafkalog.format.encode import encode_records
 from pyspark_kafkalog.format.records import Record
 
 NOW = 1_700_000_000_000
-
-
-def run_cli(*argv, stdin: str = ""):
-    proc = subprocess.run([sys.executable, "-m", "pyspark_kafkalog.cli.main", *map(str, argv)],
-                          input=stdin, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
-    return proc.returncode, proc.stdout, proc.stderr
 
 
 def files(root: Path) -> dict:
