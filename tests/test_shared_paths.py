@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared_paths import GOLDEN, PROJECT, needs_golden
+from shared_paths import GOLDEN, PROJECT, missing, needs_golden
 
 TESTS = PROJECT / "tests"
 
@@ -35,7 +35,7 @@ def test_a_missing_or_partial_golden_corpus_stops_ci_and_skips_locally(tmp_path,
     golden = tmp_path / "kafka-golden"
     if layout == "partial":
         if not GOLDEN.is_dir():
-            pytest.skip(f"no golden corpus at {GOLDEN} to copy a case from")
+            missing(f"no golden corpus at {GOLDEN} to copy a case from")
         shutil.copytree(GOLDEN / "m2-none-create-0", golden / "m2-none-create-0")
     args = ("tests/test_index_format.py", "tests/test_codecs.py", "-k", "golden")
     rc, out = run_pytest(*args, ci=True, KAFKALOG_GOLDEN=str(golden))
