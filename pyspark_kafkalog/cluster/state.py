@@ -179,15 +179,6 @@ class ClusterState:
     def topic_config(self, topic: str) -> LogConfig:
         return LogConfig.from_properties(self.topics[topic]["configs"])
 
-    def open_txns_past_deadline(self, now_ms: int) -> List[str]:
-        return sorted(t for t, info in self.txns.items() if info["deadline"] < now_ms)
-
-    def topic_of_id(self, topic_id: str) -> Optional[str]:
-        for name, info in self.topics.items():
-            if info["topic_id"] == topic_id:
-                return name
-        return None
-
     def authorized(self, principal: Optional[str], topic: str, operation: str) -> bool:
         """DENY wins; with no ACL naming this topic (or ``*``) everything is allowed."""
         relevant = [a for a in self.acls if a["topic"] in (topic, "*")]
@@ -306,10 +297,8 @@ class ClusterState:
         for p in range(info["partitions"]):
             self.partitions.pop(tp_key(topic, p), None)
             self._mark(f"p/{topic}/{chunk_of(p)}")
-        prefix = topic + ":"
         for txn in [t for t, i in self.txns.items()
-                    if any(k.startswith(prefix) and split_key(k)[0] == topic
-                           for k in i["ranges"])]:
+                    if any(split_key(k)[0] == topic for k in i["ranges"])]:
             ranges = self._txn_w(txn)["ranges"]
             for key in [k for k in ranges if split_key(k)[0] == topic]:
                 del ranges[key]
