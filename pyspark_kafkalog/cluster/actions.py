@@ -222,6 +222,17 @@ class Commit(Action):
 
 
 @dataclass(frozen=True)
+class StreamCommit(Action):
+    """A streaming micro-batch's commit, at most once per (sink, batch): reader feature
+    ``streamingSink`` (docs/protocol.md §3.2)."""
+    OP: ClassVar[str] = "stream_commit"
+    txns: List[str] = spec(list_of(check_str))
+    sink: str = spec(check_str)
+    batch: int = spec(check_int)
+    spark_job: Optional[str] = spec(optional(check_str), required=False, default=None)
+
+
+@dataclass(frozen=True)
 class Abort(Action):
     OP: ClassVar[str] = "abort"
     txns: List[str] = spec(list_of(check_str))

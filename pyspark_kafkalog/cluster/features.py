@@ -16,8 +16,14 @@ from typing import Dict, Iterable, List
 
 from ..errors import UnsupportedVersionError
 
+#: a streaming micro-batch commits once per sink and batch (``stream_commit``, §3.2)
+STREAMING_SINK = "streamingSink"
+
 #: name -> what it means; the features this client implements
-READER_FEATURES: Dict[str, str] = {}
+READER_FEATURES: Dict[str, str] = {
+    STREAMING_SINK: "stream_commit actions: a streaming sink's micro-batch commits at most once "
+                    "per (sink, batch), so a batch replayed after a crash is not written twice",
+}
 WRITER_FEATURES: Dict[str, str] = {}
 
 

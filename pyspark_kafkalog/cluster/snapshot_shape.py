@@ -27,6 +27,7 @@ _SNAPSHOT_FIELDS = {"seq": (check_int, True), "timestamp": (check_int, True),
                    "decided": (dict_of(check_str, check_str), True),
                    "acls": (list_of(ACL), True),
                    "deleted_topics": (dict_of(check_str, check_str), False),
+                   "sinks": (dict_of(check_str, check_int), False),
                    "reader_features": (list_of(check_str), False),
                    "writer_features": (list_of(check_str), False)}
 _SNAPSHOT = record_of(_SNAPSHOT_FIELDS)

@@ -20,7 +20,8 @@ from ..errors import AlreadyExistsError, CorruptRecordError, StorageNotFoundErro
 from .state import PARTITIONS_PER_PART, ClusterState, tp_key
 
 MANIFEST_VERSION = 3
-INLINE = ("txns", "decided", "acls", "deleted_topics", "reader_features", "writer_features")
+INLINE = ("txns", "decided", "acls", "deleted_topics", "sinks", "reader_features",
+          "writer_features")
 
 
 def _canonical(obj) -> bytes:

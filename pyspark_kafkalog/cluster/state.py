@@ -20,7 +20,7 @@ from ..errors import (CorruptRecordError, InvalidConfigError, InvalidTopicError,
 from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
 from . import actions as A
-from .features import check_readable, unknown_features
+from .features import STREAMING_SINK, check_readable, unknown_features
 from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
 from .snapshot_shape import check_snapshot
@@ -51,17 +51,21 @@ class ClusterState:
         self.decided: Dict[str, str] = {}          # txn -> "committed" | "aborted" (bounded)
         self.acls: List[dict] = []
         self.deleted_topics: Dict[str, str] = {}   # topic id -> name (bounded)
+        self.sinks: Dict[str, int] = {}            # streaming sink -> last committed batch
         self.reader_features: List[str] = []
         self.writer_features: List[str] = []
         self.results: Dict[int, List[A.Result]] = {}   # seq -> per-action results (in memory)
         # snapshot parts of the base this state was loaded from, and what changed since
         self.parts: Dict[str, str] = {}            # part id -> content hash
         self.dirty: Optional[Set[str]] = None      # None: everything (no base to reuse)
+        #: partition keys changed while this is a set (``MetadataLog.poll`` turns it on), so
+        #: an incremental fetch learns what changed at the cost of the change
+        self.touched: Optional[Set[str]] = None
         # copy-on-write bookkeeping: what this state may change in place (None: everything)
         self._own_partitions: Optional[Set[str]] = None
         self._own_topics: Optional[Set[str]] = None
         self._own_txns: Optional[Set[str]] = None
-        self._own_decided = self._own_acls = self._own_deleted = True
+        self._own_decided = self._own_acls = self._own_deleted = self._own_sinks = True
 
     # -- copy-on-write ------------------------------------------------------------------------
 
@@ -74,22 +78,29 @@ class ClusterState:
         c.seq, c.timestamp = self.seq, self.timestamp
         c.topics, c.partitions, c.txns = dict(self.topics), self.partitions.copy(), dict(self.txns)
         c.decided, c.acls, c.deleted_topics = self.decided, self.acls, self.deleted_topics
+        c.sinks = self.sinks
+        c.touched = None
         c.reader_features, c.writer_features = list(self.reader_features), list(self.writer_features)
         c.results = dict(self.results)
         c.parts = self.parts
         c.dirty = None if self.dirty is None else set(self.dirty)
         c._own_partitions, c._own_topics, c._own_txns = set(), set(), set()
-        c._own_decided = c._own_acls = c._own_deleted = False
+        c._own_decided = c._own_acls = c._own_deleted = c._own_sinks = False
         # the original must not change what it now shares either
         self._own_partitions, self._own_topics, self._own_txns = set(), set(), set()
-        self._own_decided = self._own_acls = self._own_deleted = False
+        self._own_decided = self._own_acls = self._own_deleted = self._own_sinks = False
         return c
 
     def _mark(self, part: str) -> None:
         if self.dirty is not None:
             self.dirty.add(part)
 
+    def _touch(self, key: str) -> None:
+        if self.touched is not None:
+            self.touched.add(key)
+
     def _partition_w(self, key: str) -> PartitionState:
+        self._touch(key)
         if self._own_partitions is not None and key not in self._own_partitions:
             self.partitions[key] = self.partitions[key].clone()
             self._own_partitions.add(key)
@@ -98,6 +109,7 @@ class ClusterState:
         return self.partitions[key]
 
     def _new_partition(self, key: str) -> None:
+        self._touch(key)
         self.partitions[key] = PartitionState()
         if self._own_partitions is not None:
             self._own_partitions.add(key)
@@ -130,6 +142,11 @@ class ClusterState:
             self.acls, self._own_acls = [dict(a) for a in self.acls], True
         return self.acls
 
+    def _sinks_w(self) -> Dict[str, int]:
+        if not self._own_sinks:
+            self.sinks, self._own_sinks = dict(self.sinks), True
+        return self.sinks
+
     def _deleted_w(self) -> Dict[str, str]:
         if not self._own_deleted:
             self.deleted_topics, self._own_deleted = dict(self.deleted_topics), True
@@ -144,7 +161,7 @@ class ClusterState:
                 "topics": self.topics,
                 "partitions": {k: p.to_json() for k, p in self.partitions.items()},
                 "txns": self.txns, "decided": self.decided, "acls": self.acls,
-                "deleted_topics": self.deleted_topics,
+                "deleted_topics": self.deleted_topics, "sinks": self.sinks,
                 "reader_features": self.reader_features,
                 "writer_features": self.writer_features}
 
@@ -169,6 +186,7 @@ class ClusterState:
                   for t, info in d["txns"].items()}
         s.decided, s.acls = dict(d["decided"]), [dict(a) for a in d["acls"]]
         s.deleted_topics = dict(d.get("deleted_topics") or {})
+        s.sinks = dict(d.get("sinks") or {})
         return s
 
     # -- queries ------------------------------------------------------------------------------
@@ -296,6 +314,7 @@ class ClusterState:
                 del deleted[old]
         for p in range(info["partitions"]):
             self.partitions.pop(tp_key(topic, p), None)
+            self._touch(tp_key(topic, p))
             self._mark(f"p/{topic}/{chunk_of(p)}")
         for txn in [t for t, i in self.txns.items()
                     if any(split_key(k)[0] == topic for k in i["ranges"])]:
@@ -400,6 +419,22 @@ class ClusterState:
             self._decide(txn, "committed")
         return A.Result()
 
+    def _stream_commit(self, a: A.StreamCommit, ts: int) -> A.Result:
+        """A streaming micro-batch commits at most once per sink (§3.2): a batch at or below the
+        sink's last committed one is a replay after a crash, and nothing of it commits."""
+        if STREAMING_SINK not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"stream_commit needs the feature {STREAMING_SINK}, "
+                           "which this cluster has not enabled")
+        last = self.sinks.get(a.sink)
+        if last is not None and a.batch <= last:
+            return A.error("DUPLICATE_SEQUENCE_NUMBER",
+                           f"sink {a.sink} committed batch {last} already; batch {a.batch} is a "
+                           "replay")
+        result = self._commit(A.Commit(txns=a.txns), ts)
+        if result.ok:
+            self._sinks_w()[a.sink] = a.batch
+        return result
+
     def _abort(self, a: A.Abort, ts: int) -> A.Result:
         aborted, skipped = [], {}
         for txn in a.txns:
@@ -497,6 +532,7 @@ HANDLERS = {
     A.CreatePartitions: ClusterState._create_partitions,
     A.Reserve: ClusterState._reserve,
     A.Commit: ClusterState._commit,
+    A.StreamCommit: ClusterState._stream_commit,
     A.Abort: ClusterState._abort,
     A.SetLogStart: ClusterState._set_log_start,
     A.AclChange: ClusterState._acl,
