@@ -230,6 +230,14 @@ def _resolve(limit: OffsetLimit, tp: TopicPartition, log, low: int, high: int,
     return high
 
 
+def starting_offset(handle: PartitionHandle, log, opts) -> int:
+    """Where ``startingOffsets`` (or its timestamp variants) put a partition's start; a
+    streaming query's initial offset."""
+    tp = (handle.topic, handle.partition)
+    return _resolve(opts.starting, tp, log, handle.log_start_offset, handle.high_watermark, True,
+                    opts.starting_strategy)
+
+
 def _data_loss(message: str) -> OffsetOutOfRangeError:
     return OffsetOutOfRangeError(
         f"{message}. Some data may have been lost because it is not available any more (deleted "

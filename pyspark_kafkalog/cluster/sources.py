@@ -143,11 +143,14 @@ class ReadSource:
 class ClusterSource(ReadSource):
     kind = CLUSTER
 
-    def __init__(self, url: str, storage_options: Optional[Dict[str, str]] = None):
+    def __init__(self, url: str, storage_options: Optional[Dict[str, str]] = None, *,
+                 cluster=None, state=None):
+        """``cluster`` and ``state``: plan against a state the caller already holds (a
+        streaming query's, refreshed incrementally) instead of replaying the log again."""
         super().__init__(url, storage_options)
         from .cluster import Cluster
-        self.cluster = Cluster(url, create=False, **self.storage_options)
-        self.state = self.cluster.state()   # one snapshot for the whole plan
+        self.cluster = cluster or Cluster(url, create=False, **self.storage_options)
+        self.state = state if state is not None else self.cluster.state()   # one for the plan
 
     def topics(self) -> List[str]:
         return sorted(self.state.topics)

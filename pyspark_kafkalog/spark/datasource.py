@@ -32,9 +32,18 @@ class KafkaLogDataSource(DataSource):
         from .reader import KafkaLogReader
         return KafkaLogReader(ReadOptions.parse(self.options, session=self.session), schema)
 
+    def streamReader(self, schema):
+        from .stream_reader import KafkaLogStreamReader
+        return KafkaLogStreamReader(ReadOptions.parse(self.options, session=self.session,
+                                                      streaming=True), schema)
+
     def writer(self, schema, overwrite: bool):
         from .writer import KafkaLogWriter
         return KafkaLogWriter(WriteOptions.parse(self.options), schema, overwrite)
+
+    def streamWriter(self, schema, overwrite: bool):
+        from .stream_writer import KafkaLogStreamWriter
+        return KafkaLogStreamWriter(WriteOptions.parse(self.options), schema, overwrite)
 
 
 class KafkaLogPushdownDataSource(KafkaLogDataSource):

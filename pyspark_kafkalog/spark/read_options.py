@@ -113,10 +113,14 @@ SUPPORTED = {k.lower(): k for k in (
     "maxRecordsPerPartition", "maxPartitionBytes", "openCostInBytes", "includeHeaders",
     "kafka.isolation.level", "readToLogEnd",
     "kafkalog.test.statsFile")}
+#: options only streaming queries act on (spark/stream_reader.py); batch reads ignore them, as
+#: Spark's batch source ignores the trigger options
+STREAMING = {k.lower(): k for k in (
+    "kafka.group.id", "groupIdPrefix", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
+    "maxTriggerDelay", "maxBytesPerTrigger", "fastCatchUp", "enable.parallel.rebalance",
+    "fastCatchUpThreshold", "fastCatchUpRecordsPerTrigger")}
 NO_OPS = {k.lower(): k for k in (
-    "kafka.group.id", "groupIdPrefix", "fetchOffset.numRetries", "fetchOffset.retryIntervalMs",
-    "kafkaConsumer.pollTimeoutMs", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
-    "maxTriggerDelay")}
+    "fetchOffset.numRetries", "fetchOffset.retryIntervalMs", "kafkaConsumer.pollTimeoutMs")}
 REJECTED = {
     "kafka.bootstrap.servers": "kafkalog reads Kafka's log files from storage, there are no "
                                "brokers to connect to: remove it and name the data with "
@@ -275,9 +279,15 @@ def _subscription(opts: Dict[str, str]) -> Subscription:
     return Subscription("subscribePattern", value, pattern=pattern)
 
 
-def _limit(opts: Dict[str, str], starting: bool) -> OffsetLimit:
+def _limit(opts: Dict[str, str], starting: bool, streaming: bool = False) -> OffsetLimit:
     """Spark's precedence: *Timestamp, then *OffsetsByTimestamp, then *Offsets."""
     side = "starting" if starting else "ending"
+    if streaming and not starting:
+        for key in ("endingTimestamp", "endingOffsetsByTimestamp", "endingOffsets"):
+            if key.lower() in opts:
+                raise _err(key, opts[key.lower()], "ending offsets are not valid in streaming "
+                                                   "queries (as in Spark): a stream has no end")
+        return OffsetLimit("endingOffsets", "latest", "latest")
     ts_key, by_ts_key, off_key = (f"{side}Timestamp", f"{side}OffsetsByTimestamp",
                                   f"{side}Offsets")
     if ts_key.lower() in opts:
@@ -291,11 +301,11 @@ def _limit(opts: Dict[str, str], starting: bool) -> OffsetLimit:
                 raise _err(by_ts_key, value, f"{topic}-{p}: a timestamp must be >= 0 "
                                              "(milliseconds since the epoch)")
         return OffsetLimit(by_ts_key, value, "timestamps", per_partition=pairs)
-    default = "earliest" if starting else "latest"
+    default = "latest" if streaming or not starting else "earliest"
     value = opts.get(off_key.lower(), default)
     text = str(value).strip().lower()
     if text in ("earliest", "latest"):
-        if starting and text == "latest":
+        if starting and text == "latest" and not streaming:
             raise _err(off_key, value, "starting offset can't be latest for batch queries")
         if not starting and text == "earliest":
             raise _err(off_key, value, "ending offset can't be earliest for batch queries")
@@ -305,7 +315,7 @@ def _limit(opts: Dict[str, str], starting: bool) -> OffsetLimit:
                                    f"{_JSON_OFFSETS_EXAMPLE}")
     pairs = _per_partition(off_key, value, _JSON_OFFSETS_EXAMPLE)
     for (topic, p), offset in pairs:
-        if starting and offset == LATEST:
+        if starting and offset == LATEST and not streaming:
             raise _err(off_key, value, f"{topic}-{p}: starting offset can't be latest (-1) for "
                                        "batch queries")
         if not starting and offset == EARLIEST:
@@ -319,7 +329,7 @@ def _limit(opts: Dict[str, str], starting: bool) -> OffsetLimit:
 
 def _check_names(opts: Dict[str, str]) -> None:
     for key, value in opts.items():
-        if key in SUPPORTED or key in NO_OPS:
+        if key in SUPPORTED or key in NO_OPS or key in STREAMING:
             continue
         if key in REJECTED:
             raise InvalidConfigError(f"option {key}={value!r}: {REJECTED[key]}")
@@ -332,9 +342,11 @@ def _check_names(opts: Dict[str, str]) -> None:
             raise InvalidConfigError(
                 f"option {key}={value!r}: {name!r} is not a Kafka consumer config (kafka.* "
                 "options are Kafka consumer configs; only kafka.isolation.level has an effect)")
-        known = list(SUPPORTED.values()) + list(NO_OPS.values())
+        known = list(SUPPORTED.values()) + list(NO_OPS.values()) + list(STREAMING.values())
         close = difflib.get_close_matches(key, [k.lower() for k in known], n=1)
-        hint = f"; did you mean {SUPPORTED.get(close[0]) or NO_OPS.get(close[0])}?" if close else ""
+        hint = (f"; did you mean "
+                f"{SUPPORTED.get(close[0]) or NO_OPS.get(close[0]) or STREAMING.get(close[0])}?"
+                if close else "")
         raise InvalidConfigError(f"unknown option {key}={value!r} for format('kafkalog') reads"
                                  f"{hint} (the options table is in "
                                  "pyspark_kafkalog/spark/read_options.py)")
@@ -364,6 +376,17 @@ class ReadOptions:
     read_to_log_end: bool = False
     storage_options: Dict[str, str] = field(default_factory=dict)
     stats_file: Optional[str] = None
+    # streaming only (spark/stream_reader.py)
+    streaming: bool = False
+    max_offsets_per_trigger: Optional[int] = None
+    min_offsets_per_trigger: Optional[int] = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000
+    max_bytes_per_trigger: Optional[int] = None
+    group_id: Optional[str] = None
+    group_id_prefix: Optional[str] = None
+    fast_catch_up: bool = False
+    fast_catch_up_threshold: int = 100_000
+    fast_catch_up_records_per_trigger: int = 100_000
 
     @property
     def read_committed(self) -> bool:
@@ -371,7 +394,8 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], validate: bool = True,
-              session: Optional[Mapping[str, str]] = None) -> "ReadOptions":
+              session: Optional[Mapping[str, str]] = None,
+              streaming: bool = False) -> "ReadOptions":
         """Parse Spark's option map (keys case-insensitive). ``validate=False`` (used for the
         schema) parses only ``includeHeaders`` and never fails on the other options.
         ``session`` holds :func:`session_defaults` (what the planner cannot read itself)."""
@@ -402,8 +426,9 @@ class ReadOptions:
                 "kafkalog cluster root or a Kafka log dir")
         out.path = path
         out.subscription = _subscription(opts)
-        out.starting = _limit(opts, True)
-        out.ending = _limit(opts, False)
+        out.streaming = streaming
+        out.starting = _limit(opts, True, streaming)
+        out.ending = _limit(opts, False, streaming)
         key = "startingoffsetsbytimestampstrategy"
         if key in opts:
             strategy = opts[key].strip().lower()
@@ -434,7 +459,53 @@ class ReadOptions:
         out.storage_options = {k[len(STORAGE_PREFIX):]: v for k, v in opts.items()
                                if k.startswith(STORAGE_PREFIX)}
         out.stats_file = opts.get("kafkalog.test.statsfile") or None
+        if streaming:
+            _streaming_options(out, opts)
         return out
+
+
+def _duration_ms(option: str, value: str) -> int:
+    """Spark's time strings (``15m``, ``30s``, ``500ms``, ``1h``, ``2 days``) or plain ms."""
+    m = re.fullmatch(r"\s*(\d+)\s*(ms|milliseconds?|s|sec|seconds?|m|min|minutes?|h|hours?|"
+                     r"d|days?)?\s*", str(value).lower())
+    if not m:
+        raise _err(option, value, "expected a duration such as 15m, 30s or 500ms")
+    unit = (m.group(2) or "ms")
+    scale = (1 if unit.startswith("ms") or unit.startswith("milli") else
+             1000 if unit.startswith("s") else 60_000 if unit.startswith("m") else
+             3_600_000 if unit.startswith("h") else 86_400_000)
+    return int(m.group(1)) * scale
+
+
+def _streaming_options(out: "ReadOptions", opts: Dict[str, str]) -> None:
+    if "maxoffsetspertrigger" in opts:
+        out.max_offsets_per_trigger = _positive_int("maxOffsetsPerTrigger",
+                                                    opts["maxoffsetspertrigger"])
+    if "minoffsetspertrigger" in opts:
+        out.min_offsets_per_trigger = _positive_int("minOffsetsPerTrigger",
+                                                    opts["minoffsetspertrigger"])
+    if "maxtriggerdelay" in opts:
+        out.max_trigger_delay_ms = _duration_ms("maxTriggerDelay", opts["maxtriggerdelay"])
+    if "maxbytespertrigger" in opts:
+        out.max_bytes_per_trigger = _byte_size("maxBytesPerTrigger", opts["maxbytespertrigger"])
+    if (out.max_offsets_per_trigger is not None and out.min_offsets_per_trigger is not None
+            and out.min_offsets_per_trigger > out.max_offsets_per_trigger):
+        raise _err("minOffsetsPerTrigger", opts["minoffsetspertrigger"],
+                   f"must not be above maxOffsetsPerTrigger ({out.max_offsets_per_trigger})")
+    if "kafka.group.id" in opts:
+        from ..cluster.groups import validate_group_id
+        out.group_id = validate_group_id(opts["kafka.group.id"])
+    if "groupidprefix" in opts:
+        out.group_id_prefix = opts["groupidprefix"]
+    for key in ("fastcatchup", "enable.parallel.rebalance"):
+        if key in opts:
+            out.fast_catch_up = _bool(STREAMING[key], opts[key]) or out.fast_catch_up
+    if "fastcatchupthreshold" in opts:
+        out.fast_catch_up_threshold = _positive_int("fastCatchUpThreshold",
+                                                    opts["fastcatchupthreshold"])
+    if "fastcatchuprecordspertrigger" in opts:
+        out.fast_catch_up_records_per_trigger = _positive_int(
+            "fastCatchUpRecordsPerTrigger", opts["fastcatchuprecordspertrigger"])
 
 
 def session_defaults(spark) -> Dict[str, str]:

@@ -161,6 +161,57 @@ def _append_stats(path: str, record: dict) -> None:
         os.close(fd)
 
 
+def read_split(split: ReadSplit, opts) -> Iterator:
+    """The ranges of one input partition (batch or streaming), one after another. Small record batches (a small partition's whole
+    range) are joined up to about ``_COALESCE_BYTES`` before Spark gets them: each batch
+    handed to Spark costs a fixed amount of Arrow messaging, which over a thousand ranges
+    of a few hundred rows each costs more than copying them once."""
+    if len(split.ranges) == 1:
+        yield from _read_named(split.ranges[0], opts)
+        return
+    pending, size = [], 0
+    for task in split.ranges:
+        for batch in _read_named(task, opts):
+            if not pending and batch.nbytes >= _COALESCE_BYTES:
+                yield batch
+                continue
+            pending.append(batch)
+            size += batch.nbytes
+            if size >= _COALESCE_BYTES:
+                yield _concat(pending)
+                pending, size = [], 0
+    if pending:
+        yield _concat(pending)
+
+
+def _read_named(task: ReadTask, opts) -> Iterator:
+    """``_read``, with lost data named by the planned range as well: in a packed task the
+    partition alone does not say which of its ranges failed."""
+    try:
+        yield from _read(task, opts)
+    except OffsetOutOfRangeError as exc:
+        raise OffsetOutOfRangeError(
+            f"{exc} (the planned range: {task.topic}-{task.partition} offsets {task.start} "
+            f"to {task.end - 1})") from None
+
+
+def _read(task: ReadTask, opts) -> Iterator:
+    stats = ReadStats()
+    rows = 0
+    try:
+        for batch in read_range(task, include_headers=opts.include_headers,
+                                fail_on_data_loss=opts.fail_on_data_loss, stats=stats):
+            rows += batch.num_rows
+            yield batch
+    finally:
+        if opts.stats_file:
+            _append_stats(opts.stats_file, {
+                "phase": "read", "topic": task.topic, "partition": task.partition,
+                "start": task.start, "end": task.end, "rows": rows,
+                "log_bytes": stats.log_bytes, "index_bytes": stats.index_bytes,
+                "requests": stats.requests})
+
+
 class KafkaLogReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema):
         expected = kafka_schema(options.include_headers)
@@ -194,56 +245,7 @@ class KafkaLogReader(DataSourceReader):
         split = partition.value
         if not isinstance(split, ReadSplit):   # nothing planned: Spark's single empty partition
             return iter(())
-        return self._read_split(split)
-
-    def _read_split(self, split: ReadSplit) -> Iterator:
-        """The ranges one after another. Small record batches (a small partition's whole
-        range) are joined up to about ``_COALESCE_BYTES`` before Spark gets them: each batch
-        handed to Spark costs a fixed amount of Arrow messaging, which over a thousand ranges
-        of a few hundred rows each costs more than copying them once."""
-        if len(split.ranges) == 1:
-            yield from self._read_named(split.ranges[0])
-            return
-        pending, size = [], 0
-        for task in split.ranges:
-            for batch in self._read_named(task):
-                if not pending and batch.nbytes >= _COALESCE_BYTES:
-                    yield batch
-                    continue
-                pending.append(batch)
-                size += batch.nbytes
-                if size >= _COALESCE_BYTES:
-                    yield _concat(pending)
-                    pending, size = [], 0
-        if pending:
-            yield _concat(pending)
-
-    def _read_named(self, task: ReadTask) -> Iterator:
-        """``_read``, with lost data named by the planned range as well: in a packed task the
-        partition alone does not say which of its ranges failed."""
-        try:
-            yield from self._read(task)
-        except OffsetOutOfRangeError as exc:
-            raise OffsetOutOfRangeError(
-                f"{exc} (the planned range: {task.topic}-{task.partition} offsets {task.start} "
-                f"to {task.end - 1})") from None
-
-    def _read(self, task: ReadTask) -> Iterator:
-        opts = self.options
-        stats = ReadStats()
-        rows = 0
-        try:
-            for batch in read_range(task, include_headers=opts.include_headers,
-                                    fail_on_data_loss=opts.fail_on_data_loss, stats=stats):
-                rows += batch.num_rows
-                yield batch
-        finally:
-            if opts.stats_file:
-                _append_stats(opts.stats_file, {
-                    "phase": "read", "topic": task.topic, "partition": task.partition,
-                    "start": task.start, "end": task.end, "rows": rows,
-                    "log_bytes": stats.log_bytes, "index_bytes": stats.index_bytes,
-                    "requests": stats.requests})
+        return read_split(split, self.options)
 
 
 class KafkaLogPushdownReader(KafkaLogReader):
