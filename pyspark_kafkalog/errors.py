@@ -165,6 +165,28 @@ class InvalidGroupIdError(KafkaLogError, ValueError):
     error_name = "INVALID_GROUP_ID"
 
 
+class FetchSessionIdNotFoundError(KafkaLogError, LookupError):
+    """An incremental fetch named a session the cache no longer holds (evicted, or never made).
+
+    The fetcher recovers with a full fetch (KIP-227), so it is retriable and not the user's doing.
+    """
+    user_error = False
+    retriable = True
+
+    error_code = 70
+    error_name = "FETCH_SESSION_ID_NOT_FOUND"
+
+
+class InvalidFetchSessionEpochError(KafkaLogError):
+    """An incremental fetch's epoch is not the one its session expects: a request or response
+    was lost or repeated, so the two sides' cached partition states may differ (KIP-227)."""
+    user_error = False
+    retriable = True
+
+    error_code = 71
+    error_name = "INVALID_FETCH_SESSION_EPOCH"
+
+
 # -- storage ------------------------------------------------------------------------------------
 
 class KafkaStorageError(KafkaLogError, OSError):
