@@ -132,7 +132,8 @@ class Limits:
     max_bytes: Optional[int] = None
 
 
-def _shares(weights: Mapping[TopicPartition, float], budget: int) -> Dict[TopicPartition, int]:
+def split_budget(weights: Mapping[TopicPartition, float], budget: int
+                 ) -> Dict[TopicPartition, int]:
     """``budget`` split in proportion to ``weights`` by the largest remainder: integer shares
     that sum to exactly ``min(budget, ...)`` and never starve a partition while any is left."""
     total = sum(weights.values())
@@ -151,7 +152,7 @@ def limit_rows(start: Positions, latest: Positions, max_rows: int) -> Positions:
     backlog = {tp: latest[tp] - start[tp] for tp in latest if latest[tp] > start[tp]}
     if sum(backlog.values()) <= max_rows:
         return dict(latest)
-    shares = _shares(backlog, max_rows)
+    shares = split_budget(backlog, max_rows)
     return {tp: start[tp] + min(backlog[tp], shares[tp]) if tp in backlog else latest[tp]
             for tp in latest}
 
@@ -167,7 +168,7 @@ def limit_bytes(start: Positions, latest: Positions, max_bytes: int,
     weights = {tp: backlog[tp] * size[tp] for tp in backlog}
     if sum(weights.values()) <= max_bytes:
         return dict(latest)
-    byte_shares = _shares(weights, max_bytes)
+    byte_shares = split_budget(weights, max_bytes)
     take = {tp: min(backlog[tp], int(byte_shares[tp] // size[tp])) for tp in backlog}
     if not any(take.values()):
         first = max(backlog, key=lambda t: (weights[t], t))

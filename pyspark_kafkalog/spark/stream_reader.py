@@ -25,7 +25,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 
 from ..cluster.read_plan import ReadSplit, ReadTask, pack, range_bytes, split, starting_offset
 from ..cluster.sources import INTERNAL_TOPICS, ClusterSource, normalize_url, open_source
-from ..cluster.stream_plan import Limits, SourceOffset, _shares, admit, batch_ranges
+from ..cluster.stream_plan import Limits, SourceOffset, admit, batch_ranges, split_budget
 from ..errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from . import worker_gc
 from .read_options import ReadOptions
@@ -262,7 +262,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 open_gaps[tp] = (gpos, gend)
             backlog[tp] = gend - gpos
         budget = self.options.fast_catch_up_records_per_trigger
-        shares = _shares({tp: float(n) for tp, n in backlog.items() if n > 0}, budget) \
+        shares = split_budget({tp: float(n) for tp, n in backlog.items() if n > 0}, budget) \
             if sum(backlog.values()) > budget else {tp: n for tp, n in backlog.items()}
         return {tp: (gpos + min(gend - gpos, shares.get(tp, 0)), gend)
                 for tp, (gpos, gend) in open_gaps.items()}
