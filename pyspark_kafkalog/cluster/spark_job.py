@@ -21,24 +21,36 @@ marker exists. A reservation whose task checked before (1) was appended before (
 (3) aborts it; a task that checked after (1) aborts itself. Only an attempt that dies between
 its reservation and its check is left to expiry. Markers are advisory (nothing else reads them);
 the driver deletes those older than a day.
+
+Streaming micro-batches (docs/protocol.md §3.2). Each micro-batch is a job of its own, under
+``stream_producer_id(query, batch, run)``, committed by ``commit_stream_batch`` with a
+``stream_commit`` whose sink is the query id: a batch Spark replays after a restart (same query,
+same batch id) is refused by the log if the first run's commit landed, and the replay's files are
+deleted. Reservations of the query that no one will commit (earlier runs, whose driver died, and
+late attempts of earlier batches) are aborted by the next batch's commit entry.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, NamedTuple, Optional
 
 from ..errors import (FencedLeaderEpochError, InvalidConfigError, KafkaLogError,
                       TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_for)
 from . import actions as A
 from .checkpoints import sync_checkpoints
 from .cluster import CLUSTER_FILE, Cluster
+from .features import STREAMING_SINK
 from .producer import PendingWrite, Producer
 from .state import split_key
 
+log = logging.getLogger(__name__)
+
 PRODUCER_PREFIX = "spark-job:"
+STREAM_PRODUCER_PREFIX = "spark-stream:"
 #: tag on the driver's commit/abort actions: the job (producer id) they decide
 JOBS_DIR = "_kafkalog/jobs"
 MARKER_MAX_AGE_S = 24 * 3600
@@ -101,6 +113,26 @@ def ensure_topic(cluster: Cluster, topic: str, *, create: bool, partitions: int 
 
 def job_producer_id(job_id: str) -> str:
     return f"{PRODUCER_PREFIX}{job_id}"
+
+
+class StreamProducer(NamedTuple):
+    query: str
+    batch: int
+    run: str
+
+
+def stream_producer_id(query_id: str, batch_id: int, run_id: str) -> str:
+    """The producer of one micro-batch of one run of a streaming query."""
+    return f"{STREAM_PRODUCER_PREFIX}{query_id}:{int(batch_id)}:{run_id}"
+
+
+def parse_stream_producer(producer: Optional[str]) -> Optional[StreamProducer]:
+    if not producer or not producer.startswith(STREAM_PRODUCER_PREFIX):
+        return None
+    parts = producer[len(STREAM_PRODUCER_PREFIX):].rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None
+    return StreamProducer(parts[0], int(parts[1]), parts[2])
 
 
 # -- deciding the job ---------------------------------------------------------------------
@@ -182,19 +214,36 @@ def commit_job(cluster: Cluster, pending: List[PendingWrite], producer: str) -> 
     cluster.metalog.writer_id = producer
     _mark_decided(cluster, producer, "commit")
     txns = list(dict.fromkeys(p.txn for p in pending))
-    state = cluster.state()
-    stale = _job_txns(state, producer, txns)
-    actions = [A.Commit(txns=txns, spark_job=producer)] if txns else []
+    stale = _job_txns(cluster.state(), producer, txns)
+    _decide_commit(cluster, pending, producer,
+                   A.Commit(txns=txns, spark_job=producer) if txns else None, stale)
+
+
+def _decide_commit(cluster: Cluster, pending: List[PendingWrite], producer: str,
+                   commit: Optional[A.Action], stale: Dict[str, dict]) -> bool:
+    """Append ``commit`` (None: nothing to commit) and the abort of ``stale`` as ONE entry,
+    after the decision marker exists. False when the log refused the commit as a replay of a
+    committed micro-batch (its writes are then aborted); any other refusal raises."""
+    actions = [commit] if commit is not None else []
     if stale:
         actions.append(A.Abort(txns=sorted(stale), spark_job=producer,
                                reason="spark task attempt not committed by its job"))
     if not actions:     # an empty job: nothing to decide but late attempts
         _sweep_late(cluster, producer, ())
-        return
+        return True
+    txns = list(commit.txns) if commit is not None else []
     _, new_state, results = cluster.submit(actions)
-    if txns and not results[0].ok:
-        abort_writes(cluster, pending, producer, "spark job commit rejected")
+    aborted = set(getattr(results[-1], "aborted", None) or []) if stale else set()
+    stale_gone = {t: i for t, i in stale.items() if t in aborted}
+    if commit is not None and not results[0].ok:
+        replay = results[0].error == "DUPLICATE_SEQUENCE_NUMBER"
+        abort_writes(cluster, pending, producer,
+                     "replay of a micro-batch committed before" if replay
+                     else "spark job commit rejected")
+        _delete_ranges(cluster, new_state, stale_gone)
         _sweep_late(cluster, producer, txns + sorted(stale))
+        if replay:
+            return False
         err = error_for(results[0].error, results[0].message)
         if isinstance(err, FencedLeaderEpochError):
             raise FencedLeaderEpochError(
@@ -205,12 +254,13 @@ def commit_job(cluster: Cluster, pending: List[PendingWrite], producer: str) -> 
         raise err
     # committed: from here on nothing may fail the job (Spark would call abort())
     try:
-        _delete_ranges(cluster, new_state, stale)
+        _delete_ranges(cluster, new_state, stale_gone)
         _sweep_late(cluster, producer, txns + sorted(stale))
         tps = sorted({split_key(k) for p in pending for k in p.ranges})
         sync_checkpoints(cluster, new_state, tps)
     except Exception:   # derived files and garbage: maintenance redoes both
         pass
+    return True
 
 
 def abort_job(cluster: Cluster, pending: List[PendingWrite], producer: str) -> None:
@@ -223,3 +273,49 @@ def abort_job(cluster: Cluster, pending: List[PendingWrite], producer: str) -> N
     _sweep_late(cluster, producer, txns + sorted(stale))
 
 
+
+
+# -- streaming micro-batches (§3.2) --------------------------------------------------------------
+
+def _stream_txns(state, sink: str, batch: int, exclude: Iterable[str]) -> Dict[str, dict]:
+    """Open reservations of ``sink``'s micro-batches up to ``batch`` that this commit does not
+    commit: lost attempts of this batch, earlier runs' (their driver died, and Spark replays
+    their batch with the same id) and late attempts of earlier batches (decided already, as
+    Spark starts a batch only after the previous one committed)."""
+    skip = set(exclude)
+    out = {}
+    for t, info in state.txns.items():
+        p = parse_stream_producer(info.get("producer"))
+        if p is not None and p.query == sink and p.batch <= batch and t not in skip:
+            out[t] = info
+    return out
+
+
+def commit_stream_batch(cluster: Cluster, pending: List[PendingWrite], producer: str,
+                        sink: str, batch: int) -> bool:
+    """Commit a micro-batch at most once per (sink, batch), in ONE entry that also aborts the
+    sink's stale reservations. False when the batch had been committed before (a replay after a
+    restart): the replay's writes are aborted and their files deleted, and the batch counts as
+    committed, since the first run's records are visible. An empty micro-batch commits nothing."""
+    cluster.metalog.writer_id = producer
+    txns = list(dict.fromkeys(p.txn for p in pending))
+    if not txns:
+        return True
+    if STREAMING_SINK not in cluster.state().reader_features:
+        # its own entry before the first stream_commit (§2.3); a concurrent enabler's entry
+        # only makes ours a no-op
+        cluster.enable_feature(STREAMING_SINK)
+    _mark_decided(cluster, producer, "commit")
+    stale = _stream_txns(cluster.state(), sink, batch, txns)
+    committed = _decide_commit(cluster, pending, producer,
+                               A.StreamCommit(txns=txns, sink=sink, batch=int(batch),
+                                              spark_job=producer), stale)
+    if not committed:
+        log.info("batch %d of query %s was committed before (replayed after a restart); its "
+                 "rewrite is discarded", batch, sink)
+    return committed
+
+
+def abort_stream_batch(cluster: Cluster, pending: List[PendingWrite], producer: str) -> None:
+    """Abort a micro-batch: as ``abort_job`` (its sink's last committed batch stays)."""
+    abort_job(cluster, pending, producer)

@@ -43,7 +43,8 @@ class KafkaLogDataSource(DataSource):
 
     def streamWriter(self, schema, overwrite: bool):
         from .stream_writer import KafkaLogStreamWriter
-        return KafkaLogStreamWriter(WriteOptions.parse(self.options), schema, overwrite)
+        return KafkaLogStreamWriter(WriteOptions.parse(self.options, streaming=True), schema,
+                                    overwrite)
 
 
 class KafkaLogPushdownDataSource(KafkaLogDataSource):

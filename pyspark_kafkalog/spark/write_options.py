@@ -59,7 +59,8 @@ configs                                                     that does not exist 
 ===============================  =========================  ========================================
 
 Read-only options (``subscribe``, ``startingOffsets``, …) and unknown options are errors, so that
-a typo never falls back to a default silently.
+a typo never falls back to a default silently. The streaming sink (``df.writeStream``) takes the
+same options, and Spark's own ``checkpointLocation``, which Spark passes on to the sink.
 
 ``transaction.timeout.ms``: every task reserves its offsets when it has encoded its rows, and the
 driver commits all of them in one entry at the end of the job. A reservation past its deadline
@@ -97,6 +98,9 @@ _KNOWN = {name.lower() for name in _NAMES}
 _DISPLAY = {name.lower(): name for name in _NAMES}
 _LEVELS = {codecs.GZIP: "compression.gzip.level", codecs.LZ4: "compression.lz4.level",
            codecs.ZSTD: "compression.zstd.level"}
+
+# options of Spark's DataStreamWriter that Spark also hands the sink
+_STREAM_SPARK = ("checkpointlocation",)
 
 # Spark Kafka source options that mean nothing to a write
 _READ_ONLY = ("assign", "subscribe", "subscribepattern", "startingoffsets", "endingoffsets",
@@ -191,9 +195,12 @@ class WriteOptions:
     storage_options: Dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str], validate: bool = True) -> "WriteOptions":
-        """Options as Spark hands them (a case-insensitive mapping, or any dict)."""
-        opts = {str(k).lower(): v for k, v in dict(options or {}).items() if v is not None}
+    def parse(cls, options: Mapping[str, str], validate: bool = True,
+              streaming: bool = False) -> "WriteOptions":
+        """Options as Spark hands them (a case-insensitive mapping, or any dict); ``streaming``:
+        of ``df.writeStream``."""
+        opts = {str(k).lower(): v for k, v in dict(options or {}).items() if v is not None
+                and not (streaming and str(k).lower() in _STREAM_SPARK)}
         topic_configs = {k[len(TOPIC_CONFIG_PREFIX):]: str(v) for k, v in opts.items()
                          if k.startswith(TOPIC_CONFIG_PREFIX)}
         storage = {k[len(STORAGE_PREFIX):]: str(v) for k, v in opts.items()

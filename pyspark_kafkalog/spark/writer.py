@@ -77,6 +77,52 @@ def _absolute(path: str) -> str:
     return path if "://" in path else os.path.abspath(path)
 
 
+def prepare_sink(options: WriteOptions, schema) -> WriteOptions:
+    """On the driver, before any task: check the columns, open the cluster (creating it and the
+    topic when asked). The options with the path made absolute, for the tasks."""
+    _check_columns(schema, options.topic)
+    options = replace(options, path=_absolute(options.path))
+    cluster = open_cluster_for_write(options.path, create=options.create_topic,
+                                     **options.cluster_kwargs())
+    if options.topic is not None:
+        ensure_topic(cluster, options.topic, create=options.create_topic,
+                     partitions=options.topic_partitions,
+                     replication_factor=options.topic_replication_factor,
+                     configs=options.topic_configs)
+    return options
+
+
+def sink_cluster(options: WriteOptions) -> Cluster:
+    return Cluster(options.path, create=False, **options.cluster_kwargs())
+
+
+def write_task(options: WriteOptions, producer: str, iterator: Iterator,
+               message=None) -> KafkaLogCommitMessage:
+    """One task: reserve and write its rows under ``producer``; ``message`` (a
+    ``KafkaLogCommitMessage``) gets the pending writes and counts."""
+    worker_gc.freeze_once()
+    tw = TaskWriter(sink_cluster(options), options, producer=producer)
+    try:
+        for batch in iterator:
+            tw.add(batch)
+        pending = tw.finish()
+    except BaseException:
+        tw.abort()
+        raise
+    s = tw.stats
+    message = message if message is not None else KafkaLogCommitMessage()
+    message.pending = [p.to_json() for p in pending]
+    message.records, message.batches = s.records, s.batches
+    message.bytes, message.segments = s.bytes, s.segments
+    return message
+
+
+def pending_writes(messages) -> List[PendingWrite]:
+    """The pending writes of the tasks' commit messages (None: a task that failed)."""
+    return [p for m in messages if isinstance(m, KafkaLogCommitMessage)
+            for p in m.pending_writes()]
+
+
 class KafkaLogWriter(DataSourceArrowWriter):
     """Created on the driver (``DataSource.writer``), pickled to every task and to the commit."""
 
@@ -85,46 +131,22 @@ class KafkaLogWriter(DataSourceArrowWriter):
             raise InvalidConfigError(
                 "save mode Overwrite is not supported: a kafkalog topic is an append-only log. "
                 "Use mode('append'); to remove old records use delete-records or retention")
-        _check_columns(schema, options.topic)
-        self.options = replace(options, path=_absolute(options.path))
+        self.options = prepare_sink(options, schema)
         self.schema = schema
         self.job_id = uuid.uuid4().hex
         self.producer = job_producer_id(self.job_id)
-        cluster = open_cluster_for_write(self.options.path, create=self.options.create_topic,
-                                         **self.options.cluster_kwargs())
-        if self.options.topic is not None:
-            ensure_topic(cluster, self.options.topic, create=self.options.create_topic,
-                         partitions=self.options.topic_partitions,
-                         replication_factor=self.options.topic_replication_factor,
-                         configs=self.options.topic_configs)
 
     def _cluster(self) -> Cluster:
-        return Cluster(self.options.path, create=False, **self.options.cluster_kwargs())
+        return sink_cluster(self.options)
 
     def write(self, iterator: Iterator) -> KafkaLogCommitMessage:
-        worker_gc.freeze_once()
-        tw = TaskWriter(self._cluster(), self.options, producer=self.producer)
-        try:
-            for batch in iterator:
-                tw.add(batch)
-            pending = tw.finish()
-        except BaseException:
-            tw.abort()
-            raise
-        s = tw.stats
-        return KafkaLogCommitMessage([p.to_json() for p in pending], s.records, s.batches,
-                                     s.bytes, s.segments)
-
-    @staticmethod
-    def _pending(messages) -> List[PendingWrite]:
-        return [p for m in messages if isinstance(m, KafkaLogCommitMessage)
-                for p in m.pending_writes()]
+        return write_task(self.options, self.producer, iterator)
 
     def commit(self, messages) -> None:
-        commit_job(self._cluster(), self._pending(messages), self.producer)
+        commit_job(self._cluster(), pending_writes(messages), self.producer)
 
     def abort(self, messages) -> None:
-        abort_job(self._cluster(), self._pending(messages), self.producer)
+        abort_job(self._cluster(), pending_writes(messages), self.producer)
 
 
 # -- the shuffle helper -------------------------------------------------------------------------
