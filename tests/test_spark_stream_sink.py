@@ -316,3 +316,33 @@ def test_a_client_without_the_feature_refuses_to_read_after_the_sink_ran(root, m
         values(root)
     rc, _, err = run_main("--cluster", root, "consume", "--topic", "t")
     assert rc == 1 and "streamingSink" in err and len(err.strip().splitlines()) == 1
+
+
+def test_old_decision_markers_are_swept_at_most_every_ten_minutes(tmp_path, monkeypatch):
+    """A stream decides a batch every few seconds: its markers go after an hour (a job's after
+    a day), and the folder is listed at most once per interval, not at every commit."""
+    import time as _time
+    from pyspark_kafkalog.cluster import spark_job as sj
+    cluster = Cluster(str(tmp_path))
+    jobs = tmp_path / "_kafkalog" / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    now = _time.time()
+    ages = {sj.marker_path(sj.stream_producer_id("q", 1, "r")): 2 * 3600,
+            sj.marker_path(sj.job_producer_id("young")): 2 * 3600,
+            sj.marker_path(sj.job_producer_id("old")): 2 * 86400}
+    for path, age in ages.items():
+        f = tmp_path / path
+        f.write_text("{}")
+        os.utime(f, (now - age, now - age))
+    monkeypatch.setattr(sj, "_LAST_SWEEP", {})
+    sj._sweep_markers(cluster)
+    left = sorted(p.name for p in jobs.iterdir() if p.name.endswith(".json"))
+    assert left == [Path(sj.marker_path(sj.job_producer_id("young"))).name]
+    late = tmp_path / sj.marker_path(sj.stream_producer_id("q", 2, "r"))
+    late.write_text("{}")
+    os.utime(late, (now - 7200, now - 7200))
+    listed = []
+    real_list = cluster.storage.list
+    monkeypatch.setattr(cluster.storage, "list", lambda d="": listed.append(d) or real_list(d))
+    sj._sweep_markers(cluster)                  # within the interval: no listing at all
+    assert listed == [] and late.exists()

@@ -20,7 +20,8 @@ reservation it had not seen. A task, after reserving and writing, aborts its own
 marker exists. A reservation whose task checked before (1) was appended before (3) replayed, so
 (3) aborts it; a task that checked after (1) aborts itself. Only an attempt that dies between
 its reservation and its check is left to expiry. Markers are advisory (nothing else reads them);
-the driver deletes those older than a day.
+the driver deletes old ones (a job's after a day, a streaming batch's after an hour), looking
+at most every ten minutes.
 
 Streaming micro-batches (docs/protocol.md §3.2). Each micro-batch is a job of its own, under
 ``stream_producer_id(query, batch, run)``, committed by ``commit_stream_batch`` with a
@@ -54,6 +55,8 @@ STREAM_PRODUCER_PREFIX = "spark-stream:"
 #: tag on the driver's commit/abort actions: the job (producer id) they decide
 JOBS_DIR = "_kafkalog/jobs"
 MARKER_MAX_AGE_S = 24 * 3600
+STREAM_MARKER_MAX_AGE_S = 3600
+MARKER_SWEEP_INTERVAL_S = 600
 SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 
 
@@ -174,11 +177,33 @@ def _mark_decided(cluster: Cluster, producer: str, outcome: str) -> None:
         cluster.storage.create_if_absent(marker_path(producer), data.encode())
     except KafkaLogError:
         pass   # exists already (a retried commit/abort)
+    _sweep_markers(cluster)
+
+
+#: cluster url -> when this process last swept old markers (time.monotonic)
+_LAST_SWEEP: Dict[str, float] = {}
+
+
+def _sweep_markers(cluster: Cluster) -> None:
+    """Delete old decision markers, at most once per ``MARKER_SWEEP_INTERVAL_S`` per process:
+    a streaming query decides a batch every few seconds, and listing (plus one mtime per
+    marker) at every commit would cost O(markers). A stream's markers matter only while its
+    batch's task attempts can still run, so they go after an hour, a job's after a day."""
+    now_mono = time.monotonic()
+    last = _LAST_SWEEP.get(cluster.url)
+    if last is not None and now_mono - last < MARKER_SWEEP_INTERVAL_S:
+        return
+    _LAST_SWEEP[cluster.url] = now_mono
+    stream_marker = marker_path(STREAM_PRODUCER_PREFIX).rsplit("/", 1)[1][:-len(".json")]
     try:
-        now = time.time()
+        now = cluster.storage.clock(JOBS_DIR)   # compared with the markers' mtimes: their clock
         for f in cluster.storage.list(JOBS_DIR):
+            if not f.name.endswith(".json"):
+                continue
             path = f"{JOBS_DIR}/{f.name}"
-            if f.name.endswith(".json") and now - cluster.storage.mtime(path) > MARKER_MAX_AGE_S:
+            max_age = (STREAM_MARKER_MAX_AGE_S if f.name.startswith(stream_marker)
+                       else MARKER_MAX_AGE_S)
+            if now - cluster.storage.mtime(path) > max_age:
                 cluster.storage.delete(path)
     except KafkaLogError:
         pass
