@@ -89,6 +89,16 @@ class UnknownTopicOrPartitionError(KafkaLogError, LookupError):
     error_name = "UNKNOWN_TOPIC_OR_PARTITION"
 
 
+class UnknownTopicIdError(UnknownTopicOrPartitionError):
+    """The topic a reader was following by id is gone: deleted, or deleted and created again
+    under the same name (a new id). Not the user's doing, unlike naming a topic that does not
+    exist, so the CLI's exit status is 1."""
+    user_error = False
+
+    error_code = 100
+    error_name = "UNKNOWN_TOPIC_ID"
+
+
 class InvalidTopicError(KafkaLogError, ValueError):
     error_code = 17
     error_name = "INVALID_TOPIC_EXCEPTION"

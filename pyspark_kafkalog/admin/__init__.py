@@ -7,7 +7,8 @@ are the typed hierarchy of :mod:`pyspark_kafkalog.errors`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import (Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
+                    Union)
 
 from ..cluster.actions import AclChange
 from ..cluster.cluster import Cluster
@@ -19,13 +20,14 @@ from ..cluster.maintenance import (DeleteRecordsDryRun, DeleteRecordsResult, Ret
                                    retention)
 from ..cluster.producer import Producer
 from ..cluster.repair import LostRange, PartitionRepair, SegmentRepair, repair
+from ..coordinator.follow import DEFAULT_POLL_INTERVAL_MS, Follower
 from ..errors import InvalidConfigError, InvalidRequestError, UnknownTopicOrPartitionError
 from ..format.records import DecodedRecord, Record
 
 __all__ = ["Admin", "TopicPartition", "TopicDescription", "PartitionInfo", "RecordMetadata",
            "ConsumerRecord", "ListOffsetsResult", "GroupPartitionLag", "DeleteRecordsResult",
            "DeleteRecordsDryRun", "RetentionPlan", "PartitionRepair", "SegmentRepair", "LostRange",
-           "OffsetAndMetadata", "Consumer", "EARLIEST", "LATEST"]
+           "OffsetAndMetadata", "Consumer", "Follower", "EARLIEST", "LATEST"]
 
 
 class TopicPartition(NamedTuple):
@@ -145,7 +147,10 @@ class Admin:
     def consume(self, topic: str, partition: Optional[int] = None, *, start="earliest",
                 max_records: Optional[int] = None, isolation_level: str = "read_committed",
                 group: Optional[str] = None, enable_auto_commit: bool = True,
-                auto_commit_interval_ms: int = 5000) -> Consumer:
+                auto_commit_interval_ms: int = 5000, follow: bool = False,
+                poll_interval_ms: int = DEFAULT_POLL_INTERVAL_MS,
+                on_caught_up: Optional[Callable[[], None]] = None,
+                on_data_loss: Optional[Callable[[str], None]] = None) -> Consumer:
         """A :class:`Consumer`: an iterator of :class:`ConsumerRecord`, partition by partition,
         that holds one bounded fetch at a time (``list(...)`` for all of them at once).
 
@@ -160,12 +165,29 @@ class Admin:
             with admin.consume("orders", group="billing") as records:
                 for r in records:
                     bill(r)          # a crash here re-delivers r next time, never skips it
+
+        ``follow=True`` (``kafka-console-consumer``): a :class:`Follower` that does not end at
+        the end of the log but polls every ``poll_interval_ms`` for records committed since
+        (through an incremental fetch session), and reads partitions added to the topic
+        meanwhile when ``partition`` is None. ``on_caught_up()`` is called each time everything
+        committed so far has been handed out, before it waits; records deleted before they were
+        read are skipped with a message to ``on_data_loss`` (default: a logged warning); a
+        deleted topic raises :class:`UnknownTopicIdError`. It ends at ``max_records`` or
+        ``close()``.
         """
-        return Consumer(self.cluster, topic, self._partitions(topic, partition), start=start,
-                        max_records=max_records, isolation_level=isolation_level, group=group,
-                        enable_auto_commit=enable_auto_commit,
-                        auto_commit_interval_ms=auto_commit_interval_ms,
-                        wrap=lambda p, r: _consumer_record(topic, p, r))
+        parts = self._partitions(topic, partition)
+        options = dict(start=start, max_records=max_records, isolation_level=isolation_level,
+                       group=group, enable_auto_commit=enable_auto_commit,
+                       auto_commit_interval_ms=auto_commit_interval_ms,
+                       wrap=lambda p, r: _consumer_record(topic, p, r))
+        if not follow:
+            if on_caught_up is not None or on_data_loss is not None:
+                raise InvalidConfigError("on_caught_up and on_data_loss need follow=True")
+            return Consumer(self.cluster, topic, parts, **options)
+        if on_data_loss is not None:
+            options["on_data_loss"] = on_data_loss
+        return Follower(self.cluster, topic, parts, new_partitions=partition is None,
+                        poll_interval_ms=poll_interval_ms, on_caught_up=on_caught_up, **options)
 
     def list_offsets(self, specs: Mapping[TopicPartition, object],
                      isolation_level: str = "read_committed") -> Dict[TopicPartition, ListOffsetsResult]:

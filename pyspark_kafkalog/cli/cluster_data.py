@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from ..coordinator.follow import DEFAULT_POLL_INTERVAL_MS
 from ..errors import (InvalidConfigError, InvalidRecordError, TopicAuthorizationFailedError,
                       UnknownTopicOrPartitionError)
 from ..format import codecs
@@ -77,13 +78,20 @@ def add_consume_parser(sub, parents) -> None:
                "unless --from names another start than earliest. Only offsets of records already "
                "written to stdout and flushed are committed: every --commit-interval-ms, at the "
                "end, and on Ctrl-C or a closed pipe (`| head`), so the next consume of the group "
-               "resumes right after the last record that reached the output.")
+               "resumes right after the last record that reached the output. With --follow "
+               "(kafka-console-consumer) it does not end at the end of the log: every "
+               "--poll-interval-ms it prints records committed since, also those of partitions "
+               "added meanwhile (from their log start offset), flushing whenever it has caught "
+               "up; it ends at --max-records, on Ctrl-C (exit 0) or a closed pipe, and with exit "
+               "1 if the topic is deleted. Records deleted (delete-records, retention) before it "
+               "read them are skipped with a warning on stderr naming the lost offsets.")
     p.add_argument("--topic", required=True, metavar="T")
     p.add_argument("--partition", type=int, metavar="P", help="one partition (default: all)")
     p.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
                    help="earliest (default), latest, an offset (needs --partition) or "
                         "@TIMESTAMP_MS (the first record at or after that time)")
-    p.add_argument("--max-records", type=int, metavar="N", help="stop after N records")
+    p.add_argument("--max-records", "--max-messages", dest="max_records", type=int, metavar="N",
+                   help="stop after N records")
     p.add_argument("--isolation-level", default="read_committed", choices=ISOLATION_LEVELS,
                    help="read_uncommitted also shows writes not yet committed")
     p.add_argument("--group", metavar="G", help="consumer group: resume from and commit offsets")
@@ -91,6 +99,11 @@ def add_consume_parser(sub, parents) -> None:
                    help="with --group: flush and commit at most this often while printing "
                         f"(default {COMMIT_INTERVAL_MS}, Kafka's auto.commit.interval.ms; 0: "
                         "after every record)")
+    p.add_argument("--follow", action="store_true",
+                   help="keep printing records as they are committed, until Ctrl-C")
+    p.add_argument("--poll-interval-ms", type=int, metavar="MS",
+                   help=f"with --follow: ask for new records this often (default "
+                        f"{DEFAULT_POLL_INTERVAL_MS})")
     p.set_defaults(run=run_consume)
 
 
@@ -109,13 +122,18 @@ def record_json(r) -> dict:
 def run_consume(args) -> int:
     """Stream records to stdout. A record is delivered once its line has been flushed to stdout,
     so the group's offsets are committed only from a snapshot of the consumer's positions taken
-    right after a flush; a closed pipe or Ctrl-C commits that snapshot and nothing beyond it."""
+    right after a flush; a closed pipe or Ctrl-C commits that snapshot and nothing beyond it.
+    A follower flushes whenever it has caught up, since its output is watched as it comes, and
+    Ctrl-C is how it normally ends: exit 0."""
     from ..cluster.consumer import parse_start
     from ..cluster.groups import validate_group_id
     validate_topic_name(args.topic)
     non_negative(args.partition, "--partition")
     non_negative(args.max_records, "--max-records", 1)
     non_negative(args.commit_interval_ms, "--commit-interval-ms")
+    non_negative(args.poll_interval_ms, "--poll-interval-ms")
+    if args.poll_interval_ms is not None and not args.follow:
+        raise InvalidConfigError("--poll-interval-ms needs --follow")
     if args.group is not None:
         validate_group_id(args.group)
     elif args.commit_interval_ms is not None:
@@ -127,20 +145,40 @@ def run_consume(args) -> int:
                                  "are per partition)")
     admin = open_admin(args, "consume")
     _check_partition(admin, args.topic, args.partition)
+    out = sys.stdout
+    interval = (COMMIT_INTERVAL_MS if args.commit_interval_ms is None
+                else args.commit_interval_ms) / 1000.0
+    delivered = committed = {}
+    next_commit = time.monotonic() + interval
+
+    def caught_up():       # --follow: every record read so far is written; show it now
+        nonlocal delivered, committed, next_commit
+        written = consumer.positions()      # every record handed out has been written
+        out.flush()
+        if args.group is not None:
+            delivered = written
+            if time.monotonic() >= next_commit and delivered != committed:
+                consumer.commit(delivered)
+                committed = delivered
+                next_commit = time.monotonic() + interval
+
+    follow = {}
+    if args.follow:
+        args.sigint_status = 0
+        follow = dict(follow=True, on_caught_up=caught_up,
+                      poll_interval_ms=(DEFAULT_POLL_INTERVAL_MS if args.poll_interval_ms is None
+                                        else args.poll_interval_ms),
+                      on_data_loss=lambda m: print(f"kafkalog: warning: {m}", file=sys.stderr,
+                                                   flush=True))
     consumer = admin.consume(args.topic, args.partition, start=args.start.strip(),
                              max_records=args.max_records, isolation_level=args.isolation_level,
-                             group=args.group, enable_auto_commit=False)
-    out = sys.stdout
+                             group=args.group, enable_auto_commit=False, **follow)
     if args.group is None:
         for r in consumer:
             out.write(json.dumps(record_json(r)) + "\n")
         out.flush()
         return 0
-    interval = (COMMIT_INTERVAL_MS if args.commit_interval_ms is None
-                else args.commit_interval_ms) / 1000.0
-    delivered = committed = {}
     try:
-        next_commit = time.monotonic() + interval
         for r in consumer:
             out.write(json.dumps(record_json(r)) + "\n")
             if time.monotonic() >= next_commit:

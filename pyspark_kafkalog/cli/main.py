@@ -90,9 +90,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # `kafkalog dump … | head`
         _discard_stdout()
         return 0
-    except KeyboardInterrupt:  # Ctrl-C: quiet, with the shell's status for SIGINT
-        _discard_stdout()
-        return 130
+    except KeyboardInterrupt:  # Ctrl-C: quiet, with the shell's status for SIGINT, unless it
+        _discard_stdout()      # is the command's normal end (consume --follow sets 0)
+        return getattr(args, "sigint_status", 130)
 
 
 def _discard_stdout() -> None:
