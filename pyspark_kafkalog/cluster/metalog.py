@@ -138,7 +138,7 @@ class MetadataLog:
         self._state = state
         return state
 
-    def poll(self) -> Tuple[ClusterState, Set[str]]:
+    def poll(self, base: Optional[ClusterState] = None) -> Tuple[ClusterState, Set[str]]:
         """The state after the entries written since the cached one, read by number without
         listing the log, and the partition keys those entries changed.
 
@@ -147,8 +147,13 @@ class MetadataLog:
         ``seq`` are ``seq + 1``, ``seq + 2``, ... up to the first that does not exist: one read
         per new entry plus one that finds nothing. What this cannot see is an entry cleaned up
         before it was read (cleanup keeps entries for an hour and above the second-newest
-        snapshot): a caller that has not polled for a long time takes :meth:`state` instead."""
-        state = self._state if self._state is not None else self.state()
+        snapshot): a caller that has not polled for a long time takes :meth:`state` instead.
+
+        ``base``: replay from this state (the caller's own) rather than from the cached one,
+        which anything else in the process may have moved on, so that ``touched`` covers every
+        entry after ``base``."""
+        state = base if base is not None else (
+            self._state if self._state is not None else self.state())
         touched: Set[str] = set()
         new = state
         seq = state.seq + 1
@@ -165,7 +170,8 @@ class MetadataLog:
             finally:
                 new.touched = None
             seq += 1
-        self._state = new
+        if self._state is None or new.seq > self._state.seq:
+            self._state = new
         return new, touched
 
     def _catch_up(self, state: ClusterState, seq: int) -> None:

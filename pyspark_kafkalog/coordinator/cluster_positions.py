@@ -73,13 +73,10 @@ class ClusterPositions:
             self._floor = self._state.seq
             self.full_refreshes += 1
         else:
-            if self.cluster.state(refresh=False).seq != self._state.seq:
-                # Someone else in this process replayed entries past ours (``cluster.state()``,
-                # e.g. a group commit's writability check): the poll below starts after them
-                # and cannot say what they touched, so sessions older than them compare all.
-                self._history.clear()
-                self._floor = self.cluster.state(refresh=False).seq
-            state, touched = self.cluster.metalog.poll()
+            # from our own state: anything else in the process (a group commit's writability
+            # check, a producer) may have replayed the shared cache past it, and the entries
+            # in between must still count as changes
+            state, touched = self.cluster.metalog.poll(self._state)
             if state.seq != self._state.seq:
                 if len(self._history) == self._history.maxlen:
                     self._floor = self._history[0][0]

@@ -63,6 +63,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._pos: Dict = {}
         self._last_trigger_ms = int(time.time() * 1000)
         self._first_trigger = True
+        self._group_committed: Optional[Dict[TopicPartition, int]] = None
         self._bytes_per_offset: Dict[TopicPartition, Tuple[int, float]] = {}
         #: test-visible counters: how much each trigger cost
         self.stats = {"triggers": 0, "full_fetches": 0}
@@ -209,6 +210,8 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit = None) -> dict:
         t0 = time.monotonic()
         st = SourceOffset.from_json(start)
+        if start:
+            self._commit_group(st)
         pos = self._fetch(extra=list(st.positions))
         self.stats["triggers"] += 1
         begin = self._checked_start(st, pos)
@@ -341,20 +344,30 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Spark committed the batch: the consumer group (if any) gets its end offsets, so
         ``kafkalog groups --describe`` shows the query's lag (Spark's connector never
         commits, SPARK-27549). During fast catch-up the gap's position is what is committed."""
+        self._commit_group(SourceOffset.from_json(end))
+
+    def _commit_group(self, offset: SourceOffset) -> None:
+        """Also called with a trigger's start: Spark plans a batch only after the previous one
+        committed, so the start is committed too. Spark does not always call ``commit`` for a
+        query's last batch (``Trigger.AvailableNow`` ends without it), and a restarted query
+        would otherwise show a lag of one batch until its next one."""
         if not self.group_id:
+            return
+        positions = offset.committed_positions()
+        if positions == self._group_committed:
             return
         from ..cluster.groups import GroupStore, OffsetAndMetadata
         self._open()
-        positions = SourceOffset.from_json(end).committed_positions()
         state = self._positions.state
         offsets = {}
-        for (topic, p), offset in positions.items():
+        for (topic, p), pos in positions.items():
             info = state.topics.get(topic)
             if info is not None:
-                offsets[(topic, p)] = OffsetAndMetadata(offset, "", info["topic_id"])
+                offsets[(topic, p)] = OffsetAndMetadata(pos, "", info["topic_id"])
         if offsets:
             GroupStore(self._cluster.storage, guard=self._cluster.check_writable).commit(
                 self.group_id, offsets, now_ms=self._cluster.now_ms())
+        self._group_committed = positions
 
     def stop(self) -> None:
         if self._session is not None:
