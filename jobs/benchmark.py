@@ -748,6 +748,23 @@ def run_metadata(args):
     return result, 0
 
 
+# -- streaming (jobs/bench_streaming.py) -----------------------------------------------------------
+
+def _streaming_arguments(p):
+    import bench_streaming
+    bench_streaming.add_arguments(p)
+
+
+@section("streaming", "Structured Streaming: planning at 10,000 partitions (time and storage "
+                      "requests per trigger), stream vs batch throughput, end-to-end latency",
+         _streaming_arguments)
+def run_streaming(args):
+    import bench_streaming
+    result = bench_streaming.run(args)
+    print(bench_streaming.render(result))
+    return result, 0
+
+
 # -- entry point ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:

@@ -102,3 +102,35 @@ def test_spark_sections_sweep_partition_counts(spark):
     write = bench_spark.run_spark_write(args)
     assert write["rows_written"] == {"2": 2000 * 2, "20": 2000 * 2}   # warm-up + one repeat
     assert "ratio" in bench_spark.render("spark-write", write)
+
+
+def test_streaming_planning_runs_on_a_small_topic(tmp_path):
+    """``streaming --parts planning`` end to end at 200 partitions: every trigger moves exactly
+    the partitions produced to, the storage requests are counted (the proxy sees the metadata
+    log's reads) and stay within 2 x changed + a constant; never a claim about speed."""
+    out = tmp_path / "stream.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "streaming", "--parts", "planning", "--partitions", "200",
+         "--triggers", "3", "--changed", "5", "--dir", str(tmp_path), "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=str(SCRIPT.parents[1]))
+    assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "PLANNING in process: 200 partitions" in proc.stdout
+    assert "target: requests <= 2 x 5 + 4 = 14" in proc.stdout
+    res = json.loads(out.read_text())
+    assert res["section"] == "streaming" and res["parts"] == ["planning"]
+    plan = res["planning"]
+    assert plan["partitions"] == 200 and plan["changed_per_trigger"] == 5
+    assert len(plan["per_trigger"]) == 3 and plan["all_offsets_advanced"]
+    for row in plan["per_trigger"]:
+        # each single-record produce writes its metadata entries, each read once by the poll
+        assert 5 < row["latest_offset_requests"] <= 2 * 5 + 4, row
+        assert row["latest_offset_by_call"].get("read", 0) > 5
+        assert "list" not in row["latest_offset_by_call"], row   # the poll never lists the log
+        assert 0 < row["partitions_requests"] <= 2 * 5 + 4, row
+        assert row["input_partitions"] >= 1
+    assert plan["target"]["requests_ok"] is True
+    for key in ("latest_offset_ms", "partitions_ms"):
+        assert _positive(plan[key]["median"]) and _positive(plan[key]["p95"])
+    assert set(plan["latest_offset_split_median_ms"]) >= {"metadata_poll", "session_fetch",
+                                                          "offset_json", "rest"}
+    assert not list(tmp_path.glob("kl-stream-bench-*")), "the benchmark's clusters were left"
