@@ -1,4 +1,5 @@
-"""The README's first command: the quickstart Spark job runs on a fresh directory, twice."""
+"""The README's first command: the quickstart Spark job runs on a fresh directory, twice; and
+the streaming quickstart runs."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "jobs" / "quickstart.py"
+STREAMING = QUICKSTART.with_name("quickstart_streaming.py")
 
 
 def test_quickstart_runs_end_to_end(tmp_path):
@@ -22,3 +24,15 @@ def test_quickstart_runs_end_to_end(tmp_path):
             assert "(pushed down to the time index): 60 of 600" in out
         assert "low watermark now" in out and "(error: None)" in out
         assert "isvalid: true" in out and "isvalid: false" not in out
+
+
+def test_streaming_quickstart_runs_end_to_end(tmp_path):
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run([sys.executable, str(STREAMING), "--cluster", str(tmp_path / "c")],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "micro-batch sizes (at most 150): [150, 50" in out
+    assert "events: 500, events-upper: 500, distinct: 500 (every event exactly once: True)" in out
+    lag = [line.split() for line in out.splitlines() if line.startswith("quickstart ")]
+    assert lag and all(row[-1] == "0" for row in lag), out
