@@ -19,7 +19,8 @@ def test_offsets_read_what_sparks_kafka_connector_writes():
 def test_catch_up_gaps_round_trip_and_the_group_holds_the_gap_position():
     off = SourceOffset({("t", 0): 1500, ("t", 1): 30}, {("t", 0): (200, 1000)})
     j = off.to_json()
-    assert j == {"t": {"0": 1500, "1": 30}, "$catchUp": {"t": {"0": [200, 1000]}}}
+    assert j == {"t": {"0": 1500, "1": 30}, "$catchUp": {"t": {"0": [200, 1000]}},
+                 "$catchUpRecordsLeft": 800}
     back = SourceOffset.from_json(j)
     assert back == off
     assert back.committed_positions() == {("t", 0): 200, ("t", 1): 30}

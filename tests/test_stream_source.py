@@ -248,11 +248,21 @@ def test_fast_catch_up_reads_fresh_records_first_and_the_gap_in_slices(root):
     offsets = [o for *_, o, _ in rows2]
     assert set(range(100, 105)) <= set(offsets)               # fresh data does not wait
     assert SourceOffset.from_json(end2).remaining_gap() == 40
+    assert end2["$catchUpRecordsLeft"] == 40                    # what the progress shows
+    # a crash during catch-up: a new process resumes the gap and the fresh stream from the
+    # offset alone (no new gap opens: the checkpoint already has one)
+    r = reader(root, assign='{"t":[0]}', fastCatchUp="true", fastCatchUpThreshold=1,
+               fastCatchUpRecordsPerTrigger=30, **{"kafka.group.id": "g"})
     start, rest, _ = drain(r, end2)
     every = [o for *_, o, _ in rows + rows2 + rest]
     assert sorted(every) == list(range(105))                    # each once
     assert SourceOffset.from_json(start).gaps == {}
     assert a.list_group_offsets("g")[("t", 0)].offset == 105
+    # a new query (no checkpoint) far behind is not a restart: no gap
+    r = reader(root, assign='{"t":[0]}', startingOffsets="earliest", fastCatchUp="true",
+               fastCatchUpThreshold=50)
+    assert SourceOffset.from_json(r.latestOffset(r.initialOffset(), ReadAllAvailable())).gaps \
+        == {}
     # below the threshold there is no gap
     r = reader(root, assign='{"t":[0]}', fastCatchUp="true", fastCatchUpThreshold=1000)
     assert SourceOffset.from_json(r.latestOffset(checkpoint, ReadAllAvailable())).gaps == {}
@@ -284,3 +294,22 @@ def test_a_trigger_costs_what_changed(root):
     finally:
         storage.read = real_read
     assert r._session.full_fetches == 1 and r._session.incremental_fetches >= 2
+
+
+def test_starting_timestamp_headers_and_task_splitting(root):
+    a = Admin(str(root))
+    from pyspark_kafkalog.format.records import Record
+    a.produce("t", [Record(b"k", b"early", 1_000, [("h", b"1")])], partition=0)
+    a.produce("t", [Record(b"k", f"late{i}".encode(), 5_000 + i, [("h", b"2")])
+                    for i in range(40)], partition=0)
+    r = reader(root, assign='{"t":[0]}', startingTimestamp=5_000, includeHeaders="true",
+               minPartitions=4)
+    start = r.initialOffset()
+    assert SourceOffset.from_json(start).positions == {("t", 0): 1}
+    produce(a, "t", 8, partition=0)
+    end = r.latestOffset(start, ReadAllAvailable())
+    parts = r.partitions(start, end)
+    assert len(parts) == 4                                # minPartitions, as in batch
+    batches = [b for p in parts for b in r.read(p)]
+    assert "headers" in batches[0].schema.names
+    assert sum(b.num_rows for b in batches) == 48

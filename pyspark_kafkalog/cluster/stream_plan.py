@@ -8,10 +8,11 @@ applies.
 to read per partition, so a user can read a checkpoint. Fast catch-up (KIP-333) adds one key that
 can never be a topic name (Kafka's topic names are ``[a-zA-Z0-9._-]``)::
 
-    {"events": {"0": 1500}, "$catchUp": {"events": {"0": [200, 1000]}}}
+    {"events": {"0": 1500}, "$catchUp": {"events": {"0": [200, 1000]}},
+     "$catchUpRecordsLeft": 800}
 
 ``[position, end]``: the gap ``[position, end)`` is still to be read; the fresh stream began at
-``end``. A gap that closes in a batch is kept as ``[end, end]`` in that batch's end offset, so
+``end``. ``$catchUpRecordsLeft`` is derived (for the query progress) and ignored when read. A gap that closes in a batch is kept as ``[end, end]`` in that batch's end offset, so
 that the batch's ranges follow from its two offsets alone (:func:`batch_ranges`), which is what
 lets Spark replay a batch after a crash and read exactly the same records.
 
@@ -34,6 +35,8 @@ TopicPartition = Tuple[str, int]
 Positions = Dict[TopicPartition, int]
 Gaps = Dict[TopicPartition, Tuple[int, int]]
 CATCH_UP = "$catchUp"
+#: records left in the gaps: derived, written for the query progress, ignored when read
+GAP_RECORDS = "$catchUpRecordsLeft"
 
 
 # -- the offset JSON -----------------------------------------------------------------------------
@@ -54,6 +57,7 @@ class SourceOffset:
             for (topic, p), (pos, end) in sorted(self.gaps.items()):
                 gaps.setdefault(topic, {})[str(p)] = [pos, end]
             out[CATCH_UP] = gaps
+            out[GAP_RECORDS] = self.remaining_gap()   # shown in the query progress
         return out
 
     @classmethod
@@ -64,6 +68,8 @@ class SourceOffset:
         positions: Positions = {}
         gaps: Gaps = {}
         for topic, parts in d.items():
+            if topic == GAP_RECORDS:
+                continue
             if not isinstance(parts, dict):
                 raise InvalidConfigError(f"not a kafkalog source offset: {d!r:.200}")
             if topic == CATCH_UP:

@@ -149,6 +149,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 handle, plog = source.view(*tp)
                 positions[tp] = starting_offset(handle, plog, opts)
         self._latest = {tp: pos[tp].high_watermark for tp in tps}
+        self._first_trigger = False   # a new query, not a restart: no fast catch-up (KIP-333)
         return SourceOffset(positions, {}).to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
