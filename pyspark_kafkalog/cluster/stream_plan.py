@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..errors import InvalidConfigError
 
@@ -102,13 +102,17 @@ class SourceOffset:
 # -- what one batch reads ------------------------------------------------------------------------
 
 def batch_ranges(start: SourceOffset, end: SourceOffset,
-                 earliest: Callable[[TopicPartition], int]
+                 earliest: Callable[[TopicPartition], int],
+                 tps: Optional[Iterable[TopicPartition]] = None
                  ) -> List[Tuple[TopicPartition, int, int, str]]:
     """``(tp, from, until, kind)`` of the batch between two offsets; ``kind`` is ``fresh`` or
     ``gap``. A partition new in ``end`` starts at ``earliest(tp)`` (its log start offset), as
-    Spark's connector starts new partitions."""
+    Spark's connector starts new partitions. ``tps``: only these partitions (the caller knows
+    the others did not move)."""
     out = []
-    for tp, until in end.positions.items():
+    items = (end.positions.items() if tps is None else
+             ((tp, end.positions[tp]) for tp in sorted(tps) if tp in end.positions))
+    for tp, until in items:
         gap_end = end.gaps.get(tp)
         if gap_end is not None:
             pos, gap_stop = gap_end

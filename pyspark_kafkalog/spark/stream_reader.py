@@ -65,6 +65,14 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._first_trigger = True
         self._group_committed: Optional[Dict[TopicPartition, int]] = None
         self._bytes_per_offset: Dict[TopicPartition, Tuple[int, float]] = {}
+        self._subs_key = None
+        self._subs: List[TopicPartition] = []
+        self._subs_set = frozenset()
+        self._pending = set()          # partitions changed since a trigger last looked
+        self._backlog = set()          # partitions the last end left behind their latest
+        self._parsed: List[Tuple[dict, SourceOffset]] = []
+        self._last_out = None          # the offset the last latestOffset returned
+        self._latest_json: dict = {}
         #: test-visible counters: how much each trigger cost
         self.stats = {"triggers": 0, "full_fetches": 0}
 
@@ -94,26 +102,50 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._session = FetchSessionClient(local_cache(), self._positions)
 
     def _subscribed(self) -> List[TopicPartition]:
+        """The subscribed partitions, rebuilt only when the topics changed (the same list
+        object otherwise, which the fetch session compares at no cost)."""
         sub = self.options.subscription
         topics = self._positions.topics()
         if sub.kind == "assign":
-            return [tp for tp in sub.assign if tp[0] in topics and tp[1] < topics[tp[0]]]
-        if sub.kind == "subscribe":
+            names = sorted({t for t, _ in sub.assign})
+        elif sub.kind == "subscribe":
             names = [t for t in sorted(set(sub.topics)) if t in topics]
         else:
             rx = re.compile(sub.pattern)
             names = [t for t in sorted(topics) if t not in INTERNAL_TOPICS and rx.fullmatch(t)]
-        return [(t, p) for t in names for p in range(topics[t])]
+        key = tuple((t, topics.get(t, 0), self._positions.state.topics[t]["topic_id"]
+                     if t in topics else None) for t in names)
+        if key != self._subs_key:
+            if sub.kind == "assign":
+                tps = [tp for tp in sub.assign if tp[0] in topics and tp[1] < topics[tp[0]]]
+            else:
+                tps = [(t, p) for t in names for p in range(topics[t])]
+            self._subs_key, self._subs, self._subs_set = key, tps, frozenset(tps)
+        return self._subs
 
-    def _fetch(self, extra: Sequence[TopicPartition] = ()) -> Dict:
-        """Positions of the subscribed partitions (and ``extra`` ones the offsets still name),
-        through the fetch session: one refresh of the metadata log, O(what changed)."""
+    def _fetch(self):
+        """Positions of the subscribed partitions through the fetch session: one refresh of
+        the metadata log, O(what changed). What the session learnt is kept in ``_pending``
+        until a trigger looks at it."""
         self._open()
         self._positions.prefetch()
-        tps = list(dict.fromkeys(self._subscribed() + list(extra)))
-        self._pos = self._session.fetch(tps)
+        self._pos = self._session.fetch(self._subscribed())
+        self._pending |= self._session.changed
         self.stats["full_fetches"] = getattr(self._session, "full_fetches", 0)
         return self._pos
+
+    def _parse(self, offset: dict) -> SourceOffset:
+        """A source offset parsed once: Spark hands back the offsets this process returned, and
+        parsing 10,000 partitions at every call would cost more than the trigger's work."""
+        for known, parsed in self._parsed:
+            if known is offset or known == offset:
+                return parsed
+        parsed = SourceOffset.from_json(offset)
+        self._remember(offset, parsed)
+        return parsed
+
+    def _remember(self, offset: dict, parsed: SourceOffset) -> None:
+        self._parsed = ([(offset, parsed)] + self._parsed)[:4]
 
     # -- offsets ---------------------------------------------------------------------------
 
@@ -148,7 +180,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             else:
                 handle, plog = source.view(*tp)
                 positions[tp] = starting_offset(handle, plog, opts)
-        self._latest = {tp: pos[tp].high_watermark for tp in tps}
+        self._note_latest({tp: pos[tp].high_watermark for tp in tps}, ())
         self._first_trigger = False   # a new query, not a restart: no fast catch-up (KIP-333)
         return SourceOffset(positions, {}).to_json()
 
@@ -187,41 +219,61 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "failOnDataLoss to false")
         log.warning("%s; failOnDataLoss=false: skipping it", message)
 
-    def _checked_start(self, start: SourceOffset, pos) -> Dict[TopicPartition, int]:
-        """The fresh stream's start per partition now subscribed, after the data-loss rules:
-        partitions gone, offsets below the log start offset, offsets past the high watermark
-        (a recreated topic). New partitions start at their log start offset, as in Spark."""
+    def _checked_start(self, start: SourceOffset, pos, active, gone) -> Dict[TopicPartition, int]:
+        """The fresh stream's start for the ``active`` partitions, after the data-loss rules:
+        partitions ``gone`` (topic deleted, or no longer subscribed) and offsets past the high
+        watermark (a recreated topic). New partitions start at their log start offset, as in
+        Spark. Offsets below the log start offset are left to ``partitions``."""
+        for tp in sorted(gone):
+            self._data_loss(f"partition {_name(tp)} is gone (its topic was deleted or it is no "
+                            f"longer subscribed), offsets from {start.positions[tp]} on were "
+                            "not read")
         out = {}
-        for tp, offset in start.positions.items():
+        for tp in active:
             p = pos.get(tp)
+            offset = start.positions.get(tp)
             if p is None or p.error is not None:
-                self._data_loss(f"partition {_name(tp)} is gone (its topic was deleted or it "
-                                f"is no longer subscribed), offsets from {offset} on were not read")
+                if offset is not None:
+                    self._data_loss(f"partition {_name(tp)} is gone, offsets from {offset} on "
+                                    "were not read")
                 continue
-            if offset > p.high_watermark:
+            if offset is None:
+                offset = p.log_start_offset
+            elif offset > p.high_watermark:
                 self._data_loss(f"{_name(tp)}: offset {offset} is past the high watermark "
                                 f"{p.high_watermark} (the topic was recreated?)")
                 offset = p.log_start_offset
             out[tp] = offset
-        for tp, p in pos.items():
-            if tp not in out and tp not in start.positions and p.error is None:
-                out[tp] = p.log_start_offset
         return out
 
     def latestOffset(self, start: dict, limit: ReadLimit = None) -> dict:
+        """The next batch's end. In the steady state (Spark passes back the end this process
+        returned last) only the partitions the fetch session reported as changed, plus those
+        the last batch left behind, are looked at: the rest of the end is the start's. The
+        first trigger, AvailableNow and fast catch-up look at every partition."""
         t0 = time.monotonic()
-        st = SourceOffset.from_json(start)
+        st = self._parse(start)
         if start:
             self._commit_group(st)
-        pos = self._fetch(extra=list(st.positions))
+        pos = self._fetch()
         self.stats["triggers"] += 1
-        begin = self._checked_start(st, pos)
+        subs = self._subs_set
+        changed, self._pending = self._pending, set()
+        steady = (self._last_out is not None and not self._first_trigger and not st.gaps
+                  and self._target is None
+                  and (start is self._last_out or start == self._last_out))
+        if steady:
+            active = ((changed | self._backlog) & subs) | (subs - st.positions.keys())
+        else:
+            active = set(subs)
+        gone = st.positions.keys() - subs
+        begin = self._checked_start(st, pos, active, gone)
         latest = {tp: pos[tp].high_watermark for tp in begin}
-        self._latest = dict(latest)
+        self._note_latest(latest, gone)
         gaps = {tp: g for tp, g in st.gaps.items() if tp in begin}
         if self._target is not None:   # Trigger.AvailableNow: nothing after its start
-            latest = {tp: min(latest[tp], self._target.get(tp, begin[tp])) for tp in latest}
-            latest = {tp: max(v, begin[tp]) for tp, v in latest.items()}
+            latest = {tp: max(min(latest[tp], self._target.get(tp, begin[tp])), begin[tp])
+                      for tp in latest}
         fresh_from = dict(begin)
         if self._first_trigger:
             self._first_trigger = False
@@ -241,16 +293,52 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                           bytes_per_offset=self._bytes_per_offset_of
                           if limits and limits.max_bytes else None)
         if fresh_end is None:
-            fresh_end = dict(fresh_from)
+            fresh_end = fresh_from
         new_gaps = self._advance_gaps(gaps, pos)
-        end = SourceOffset({tp: max(fresh_end[tp], fresh_from[tp]) for tp in fresh_end}, new_gaps)
-        out = end.to_json()
-        if SourceOffset.from_json(out).positions != st.positions or new_gaps != st.gaps:
+        positions = dict(st.positions)
+        for tp in gone:
+            del positions[tp]
+        moved = set()
+        for tp, offset in fresh_end.items():
+            offset = max(offset, fresh_from[tp])
+            if positions.get(tp) != offset:
+                positions[tp] = offset
+                moved.add(tp)
+        self._backlog = {tp for tp in begin if positions[tp] < latest[tp]}
+        if not moved and not gone and new_gaps == st.gaps:
+            out = start
+        else:
+            out = self._end_json(start, positions, moved, gone, new_gaps)
             self._last_trigger_ms = now_ms
+            self._remember(out, SourceOffset(positions, new_gaps))
+        self._last_out = out
         self.stats["last_latest_offset_ms"] = (time.monotonic() - t0) * 1000
-        if out == start:
-            return start
         return out
+
+    @staticmethod
+    def _end_json(start: dict, positions, moved, gone, gaps) -> dict:
+        """The end offset's JSON from the start's, copying only the topics that changed."""
+        touched = {t for t, _ in moved} | {t for t, _ in gone}
+        out = {t: (dict(parts) if t in touched else parts) for t, parts in start.items()
+               if not t.startswith("$")}
+        for topic, p in gone:
+            out[topic].pop(str(p), None)
+        for topic, p in moved:
+            out.setdefault(topic, {})[str(p)] = positions[(topic, p)]
+        for topic in [t for t, parts in out.items() if not parts]:
+            del out[topic]
+        if gaps:
+            out.update({k: v for k, v in SourceOffset({}, gaps).to_json().items()})
+        return out
+
+    def _note_latest(self, latest: Dict[TopicPartition, int], gone) -> None:
+        """The latest offsets for ``reportLatestOffset``, kept up to date change by change."""
+        for tp, hw in latest.items():
+            self._latest[tp] = hw
+            self._latest_json.setdefault(tp[0], {})[str(tp[1])] = hw
+        for tp in gone:
+            self._latest.pop(tp, None)
+            self._latest_json.get(tp[0], {}).pop(str(tp[1]), None)
 
     def _advance_gaps(self, gaps, pos) -> Dict[TopicPartition, Tuple[int, int]]:
         """Each open gap moves by its share of ``fastCatchUpRecordsPerTrigger``; a gap that
@@ -287,9 +375,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return size
 
     def reportLatestOffset(self) -> Optional[dict]:
-        if not self._latest:
-            return None
-        return SourceOffset(self._latest, {}).to_json()
+        return {t: parts for t, parts in self._latest_json.items() if parts} or None
 
     def prepareForTriggerAvailableNow(self) -> None:
         pos = self._fetch()
@@ -298,17 +384,21 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- planning and reading ----------------------------------------------------------------
 
     def partitions(self, start: dict, end: dict) -> List[InputPartition]:
-        st, en = SourceOffset.from_json(start), SourceOffset.from_json(end)
+        st, en = self._parse(start), self._parse(end)
         if st.positions == en.positions and st.gaps == en.gaps:
             return []
-        self._open()
-        pos = self._fetch(extra=list(en.positions))
+        # only the partitions whose offsets differ (C-level set operations, not a loop over
+        # every partition), with the positions of the trigger that planned the batch (a
+        # replayed batch after a restart fetches them first)
+        tps = ({tp for tp, _ in en.positions.items() - st.positions.items()}
+               | set(en.gaps) | set(st.gaps))
+        pos = self._pos if self._pos else self._fetch()
         opts = self.options
         source = ClusterSource(opts.path, opts.storage_options, cluster=self._cluster,
                                state=self._positions.state)
         tasks = []
         for tp, lo, hi, kind in batch_ranges(st, en, lambda t: pos[t].log_start_offset
-                                             if t in pos and pos[t].error is None else 0):
+                                             if t in pos and pos[t].error is None else 0, tps):
             p = pos.get(tp)
             if p is None or p.error is not None:
                 self._data_loss(f"partition {_name(tp)} is gone; offsets {lo} to {hi - 1} "
