@@ -551,3 +551,26 @@ def test_client_always_returns_the_sources_true_positions(steps, slots, history)
         assert cache.num_incremental_fetch_partitions_cached == sum(len(s.partitions)
                                                                     for s in sessions)
         assert cache.num_incremental_fetch_sessions <= slots
+
+
+def test_the_client_says_what_changed_and_asking_again_costs_what_changed():
+    """A streaming source asks for the same partitions at every trigger: the client answers
+    with its own map and the partitions it learnt something new about."""
+    cache = FetchSessionCache(clock=FakeClock())
+    source = FakeSource()
+    tps = tps_of("t", 500)
+    seeded(source, tps)
+    client = FetchSessionClient(cache, source)
+    first = client.fetch(tps)
+    assert client.changed == set(tps) and len(first) == 500
+    source.bump(("t", 7))
+    source.bump(("t", 9), by=3)
+    source.asked = 0
+    again = client.fetch(tps)
+    assert client.changed == {("t", 7), ("t", 9)} and source.asked == 2
+    assert again[("t", 9)].high_watermark == 100 + 9 + 3
+    assert all(again[tp] == source.true(tp) for tp in tps)
+    client.fetch(tps)
+    assert client.changed == set()
+    fewer = client.fetch(tps[:10])                       # a different set still works
+    assert set(fewer) == set(tps[:10])

@@ -263,6 +263,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                   and self._target is None
                   and (start is self._last_out or start == self._last_out))
         if steady:
+            self.stats["steady"] = self.stats.get("steady", 0) + 1
             active = ((changed | self._backlog) & subs) | (subs - st.positions.keys())
         else:
             active = set(subs)
