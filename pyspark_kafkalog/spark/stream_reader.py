@@ -72,6 +72,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._backlog = set()          # partitions the last end left behind their latest
         self._parsed: List[Tuple[dict, SourceOffset]] = []
         self._last_out = None          # the offset the last latestOffset returned
+        self._subs_of_last_out = None  # ... and the subscription it was made for
         self._latest_json: dict = {}
         #: test-visible counters: how much each trigger cost
         self.stats = {"triggers": 0, "full_fetches": 0}
@@ -262,12 +263,16 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         steady = (self._last_out is not None and not self._first_trigger and not st.gaps
                   and self._target is None
                   and (start is self._last_out or start == self._last_out))
-        if steady:
+        if steady and subs is self._subs_of_last_out:
+            # the subscription is the one the start was made for: nothing new, nothing gone
+            self.stats["steady"] = self.stats.get("steady", 0) + 1
+            active, gone = (changed | self._backlog) & subs, set()
+        elif steady:
             self.stats["steady"] = self.stats.get("steady", 0) + 1
             active = ((changed | self._backlog) & subs) | (subs - st.positions.keys())
+            gone = st.positions.keys() - subs
         else:
-            active = set(subs)
-        gone = st.positions.keys() - subs
+            active, gone = set(subs), st.positions.keys() - subs
         begin = self._checked_start(st, pos, active, gone)
         latest = {tp: pos[tp].high_watermark for tp in begin}
         self._note_latest(latest, gone)
@@ -312,7 +317,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out = self._end_json(start, positions, moved, gone, new_gaps)
             self._last_trigger_ms = now_ms
             self._remember(out, SourceOffset(positions, new_gaps))
-        self._last_out = out
+        self._last_out, self._subs_of_last_out = out, subs
         self.stats["last_latest_offset_ms"] = (time.monotonic() - t0) * 1000
         return out
 
@@ -436,7 +441,8 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Spark committed the batch: the consumer group (if any) gets its end offsets, so
         ``kafkalog groups --describe`` shows the query's lag (Spark's connector never
         commits, SPARK-27549). During fast catch-up the gap's position is what is committed."""
-        self._commit_group(SourceOffset.from_json(end))
+        if self.group_id:
+            self._commit_group(self._parse(end))
 
     def _commit_group(self, offset: SourceOffset) -> None:
         """Also called with a trigger's start: Spark plans a batch only after the previous one
