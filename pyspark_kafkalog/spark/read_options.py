@@ -1,4 +1,5 @@
-"""Options of ``spark.read.format("kafkalog")``: Spark's Kafka source names and meanings.
+"""Options of ``spark.read.format("kafkalog")`` (and ``readStream``: ``parse(streaming=True)``):
+Spark's Kafka source names and meanings.
 
 Every option Spark's Kafka source documents (structured-streaming-kafka-integration) is either
 supported with the same meaning, accepted as a documented no-op, or rejected with a reason.
@@ -67,8 +68,9 @@ option                                  kafkalog (batch read)
                                         ``conf/cluster.properties``.
 ``kafka.bootstrap.servers``             **error**: there are no brokers; name the data with
                                         ``load(path)``.
-``kafka.group.id``, ``groupIdPrefix``   no-op: batch reads use no consumer group and commit
-                                        nothing (Spark's batch source commits nothing either).
+``kafka.group.id``, ``groupIdPrefix``   no-op in batch reads (Spark's batch source commits
+                                        nothing either); a stream commits each batch's end
+                                        offsets to the group (docs/streaming.md).
 ``kafka.auto.offset.reset``             **error**, as in Spark: use ``startingOffsets``.
 ``kafka.key.deserializer``,             **error**, as in Spark: keys and values are binary;
 ``kafka.value.deserializer``            deserialize with DataFrame operations.
@@ -82,9 +84,11 @@ other ``kafka.<consumer config>``       no-op: client tuning (``kafka.security.p
 ``fetchOffset.numRetries``,             no-op: offsets are read from storage, no broker request
 ``fetchOffset.retryIntervalMs``,        to retry or time out.
 ``kafkaConsumer.pollTimeoutMs``
-``maxOffsetsPerTrigger``,               no-op: streaming-only, ignored by batch queries as in
-``minOffsetsPerTrigger``,               Spark.
-``maxTriggerDelay``
+``maxOffsetsPerTrigger``,               streaming only (docs/streaming.md), ignored by batch
+``minOffsetsPerTrigger``,               queries as in Spark; so are ``maxBytesPerTrigger`` and
+``maxTriggerDelay``                     ``fastCatchUp`` (``enable.parallel.rebalance``,
+                                        ``fastCatchUpThreshold``,
+                                        ``fastCatchUpRecordsPerTrigger``).
 ``topic``                               **error**: a write option (reads use ``subscribe`` /
                                         ``assign``).
 ``load(p1, p2, …)`` (``paths``)         **error**: one root or log dir per read.
