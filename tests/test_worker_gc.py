@@ -64,7 +64,7 @@ def test_the_reader_and_writer_freeze_before_their_task(monkeypatch):
     monkeypatch.setattr(writer, "TaskWriter", stop)
     w = writer.KafkaLogWriter.__new__(writer.KafkaLogWriter)
     w.options = w.producer = None
-    monkeypatch.setattr(writer.KafkaLogWriter, "_cluster", lambda self: None)
+    monkeypatch.setattr(writer, "sink_cluster", lambda options: None)
     with pytest.raises(Stop):
         w.write(iter(()))
     assert calls == [1]
@@ -73,3 +73,6 @@ def test_the_reader_and_writer_freeze_before_their_task(monkeypatch):
     class Part:
         value = None
     assert list(r.read(Part())) == [] and calls == [1, 1]
+    from pyspark_kafkalog.spark import stream_reader
+    sr = stream_reader.KafkaLogStreamReader.__new__(stream_reader.KafkaLogStreamReader)
+    assert list(sr.read(Part())) == [] and calls == [1, 1, 1]
