@@ -15,7 +15,8 @@ import shutil
 import sys
 
 
-def main(argv=None) -> int:
+def main(argv=None, spark=None) -> int:
+    """``spark``: run in this session (tests share one) instead of starting one."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", default="./kafkalog-data", help="cluster root (path or URL)")
     parser.add_argument("--checkpoint", default=None,
@@ -36,11 +37,13 @@ def main(argv=None) -> int:
     from pyspark_kafkalog.admin import Admin
     from pyspark_kafkalog.cli.main import main as kafkalog
 
-    spark = (SparkSession.builder.master("local[*]").appName("kafkalog-streaming-quickstart")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    own = spark is None
+    if own:
+        spark = (SparkSession.builder.master("local[*]").appName("kafkalog-streaming-quickstart")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.sql.shuffle.partitions", "2")
+                 .getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
     pyspark_kafkalog.register(spark)
     url = os.path.abspath(args.cluster) if local else args.cluster
     admin = Admin(url)
@@ -88,7 +91,8 @@ def main(argv=None) -> int:
     print("== the query's consumer group (its lag is 0 once caught up):")
     kafkalog(["--cluster", url, "groups", "--describe", "--group", "quickstart"])
     query.stop()
-    spark.stop()
+    if own:
+        spark.stop()
     return 0
 
 
