@@ -15,7 +15,8 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 
-def main(argv=None) -> int:
+def main(argv=None, spark=None) -> int:
+    """``spark``: run in this session (tests share one) instead of starting one."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", default="./kafkalog-data", help="cluster root (path or URL)")
     parser.add_argument("--fresh", action="store_true", help="delete the cluster dir first")
@@ -31,9 +32,11 @@ def main(argv=None) -> int:
     from pyspark_kafkalog.admin import Admin, TopicPartition
     from pyspark_kafkalog.cli.main import main as kafkalog
 
-    spark = (SparkSession.builder.master("local[*]").appName("kafkalog-quickstart")
-             .config("spark.ui.enabled", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    own = spark is None
+    if own:
+        spark = (SparkSession.builder.master("local[*]").appName("kafkalog-quickstart")
+                 .config("spark.ui.enabled", "false").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
     pyspark_kafkalog.register(spark, filter_pushdown=True)   # see docs/user-guide.md
     url = os.path.abspath(args.cluster) if "://" not in args.cluster else args.cluster
     topic = "clicks"
@@ -79,7 +82,8 @@ def main(argv=None) -> int:
         segs = sorted(f for f in os.listdir(logdir) if f.endswith(".log"))
         print(f"== a real Kafka log dir: kafkalog dump --files {segs[-1]} (first lines)")
         kafkalog(["dump", "--files", os.path.join(logdir, segs[-1])])
-    spark.stop()
+    if own:
+        spark.stop()
     return 0
 
 
