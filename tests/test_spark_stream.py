@@ -5,10 +5,7 @@ made by ``KAFKALOG_REGEN_FIXTURES=1 pytest tests/test_spark_stream.py -k checkpo
 import json
 import os
 import shutil
-import time
 from pathlib import Path
-
-import pytest
 
 from pyspark_kafkalog.admin import Admin
 
