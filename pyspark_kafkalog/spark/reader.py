@@ -212,16 +212,22 @@ def _read(task: ReadTask, opts) -> Iterator:
                 "requests": stats.requests})
 
 
+def checked_options(options: ReadOptions, schema) -> ReadOptions:
+    """The options of a batch or stream reader, after the one check both make: the schema is
+    fixed (Spark's Kafka source schema). The path becomes absolute for the executors."""
+    expected = kafka_schema(options.include_headers)
+    if schema is not None and schema != expected:
+        raise InvalidConfigError(
+            "format('kafkalog') has a fixed schema (Spark's Kafka source schema) and cannot "
+            f"be read with a custom one: expected {expected.simpleString()}, got "
+            f"{schema.simpleString()}")
+    options.path = normalize_url(options.path)
+    return options
+
+
 class KafkaLogReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema):
-        expected = kafka_schema(options.include_headers)
-        if schema is not None and schema != expected:
-            raise InvalidConfigError(
-                "format('kafkalog') has a fixed schema (Spark's Kafka source schema) and cannot "
-                f"be read with a custom one: expected {expected.simpleString()}, got "
-                f"{schema.simpleString()}")
-        self.options = options
-        self.options.path = normalize_url(options.path)
+        self.options = checked_options(options, schema)
         self.bounds = Bounds()
 
     def partitions(self) -> List[InputPartition]:

@@ -24,13 +24,12 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 
 from ..cluster.read_plan import ReadSplit, ReadTask, pack, range_bytes, split, starting_offset
-from ..cluster.sources import INTERNAL_TOPICS, ClusterSource, normalize_url, open_source
+from ..cluster.sources import INTERNAL_TOPICS, ClusterSource, open_source
 from ..cluster.stream_plan import Limits, SourceOffset, admit, batch_ranges, split_budget
 from ..errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from . import worker_gc
 from .read_options import ReadOptions
-from .reader import KafkaLogInputPartition, read_split
-from .schema import kafka_schema
+from .reader import KafkaLogInputPartition, checked_options, read_split
 
 log = logging.getLogger(__name__)
 TopicPartition = Tuple[str, int]
@@ -42,14 +41,7 @@ def _name(tp: TopicPartition) -> str:
 
 class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions, schema):
-        expected = kafka_schema(options.include_headers)
-        if schema is not None and schema != expected:
-            raise InvalidConfigError(
-                "format('kafkalog') has a fixed schema (Spark's Kafka source schema) and cannot "
-                f"be read with a custom one: expected {expected.simpleString()}, got "
-                f"{schema.simpleString()}")
-        self.options = options
-        self.options.path = normalize_url(options.path)
+        self.options = checked_options(options, schema)
         self.group_id = options.group_id or (
             f"{options.group_id_prefix}-{uuid.uuid4()}" if options.group_id_prefix else None)
         self._reset()
