@@ -45,3 +45,31 @@ def run_main(*argv, stdin: str = ""):
     finally:
         sys.stdin = old_stdin
     return rc, out.getvalue(), err.getvalue()
+
+
+def peak_rss_kb(argv) -> int:
+    """Peak RSS of one ``kafkalog ARGV`` child process, from its own rusage (wait4), its
+    output thrown away; it must exit 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "pyspark_kafkalog.cli.main",
+                             *map(str, argv)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, err
+    return usage.ru_maxrss
+
+
+def fill_big_topic(url: str, records: int) -> None:
+    """Topic ``m`` with one partition of ``records`` records (one encoded batch of 1,000
+    100-byte records written again and again, which takes well under a second) and an empty
+    topic ``e``: what the memory-bound tests of consume read."""
+    from pyspark_kafkalog.admin import Admin
+    from pyspark_kafkalog.cluster.producer import Producer
+    from pyspark_kafkalog.format.records import Record
+    admin = Admin(url)
+    admin.create_topic("m")
+    admin.create_topic("e")
+    producer = Producer(admin.cluster)
+    batch = producer.encode("m", [Record(None, b"%06d" % i + b"v" * 94, 1_000 + i)
+                                  for i in range(1000)])
+    assert producer.send({("m", 0): batch * (records // 1000)}) == {("m", 0): (0, records - 1)}

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from cli_support import REPO, run_cli, run_main
+from cli_support import REPO, fill_big_topic, peak_rss_kb, run_cli, run_main
 from pyspark_kafkalog.admin import Admin, TopicPartition
 from pyspark_kafkalog.cluster.producer import Producer
 from pyspark_kafkalog.errors import InvalidConfigError, UnknownTopicIdError
@@ -371,22 +371,9 @@ def test_admin_follow_raises_a_typed_error_when_its_topic_is_recreated(url):
 def test_following_a_long_partition_keeps_memory_bounded(tmp_path):
     """Catching up on 250,000 records holds one fetch at a time, as consume does."""
     url = str(tmp_path / "kl")
-    admin = Admin(url)
-    admin.create_topic("m")
-    admin.create_topic("e")
-    producer = Producer(admin.cluster)
-    batch = producer.encode("m", [Record(None, b"%06d" % i + b"v" * 94, 1_000 + i)
-                                  for i in range(1000)])
-    producer.send({("m", 0): batch * 250})
-
-    def peak_rss_kb(*argv) -> int:
-        proc = subprocess.Popen([*CLI, "--cluster", url, "consume", *map(str, argv)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV)
-        err = proc.stderr.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, err
-        return usage.ru_maxrss
-    baseline = peak_rss_kb("--topic", "e", "--group", "rss")
-    peak = peak_rss_kb("--topic", "m", "--group", "rss", "--follow", "--max-messages", 250_000)
+    fill_big_topic(url, 250_000)
+    baseline = peak_rss_kb(["--cluster", url, "consume", "--topic", "e", "--group", "rss"])
+    peak = peak_rss_kb(["--cluster", url, "consume", "--topic", "m", "--group", "rss",
+                        "--follow", "--max-messages", 250_000])
     assert peak - baseline < 24 * 1024, (peak, baseline)
     assert committed(url, "rss", "m") == {0: 250_000}

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import fill_big_topic, peak_rss_kb
 from pyspark_kafkalog.admin import Admin, TopicPartition
 from pyspark_kafkalog.cli.main import main
 from pyspark_kafkalog.cluster.groups import MAX_GROUP_ID_LENGTH, GroupStore, validate_group_id
@@ -33,13 +34,7 @@ def big(tmp_path_factory) -> str:
     """A cluster with topic `m`: one partition of 250,000 records (one encoded batch of 1,000
     records written 250 times, which takes well under a second), and an empty topic `e`."""
     url = str(tmp_path_factory.mktemp("stream") / "kl")
-    admin = Admin(url)
-    admin.create_topic("m")
-    admin.create_topic("e")
-    producer = Producer(admin.cluster)
-    batch = producer.encode("m", [Record(None, b"%06d" % i + b"v" * 94, 1_000 + i)
-                                  for i in range(1000)])
-    assert producer.send({("m", 0): batch * (BIG // 1000)}) == {("m", 0): (0, BIG - 1)}
+    fill_big_topic(url, BIG)
     return url
 
 
@@ -57,15 +52,6 @@ def offsets(out: str):
     return [json.loads(line)["offset"] for line in out.splitlines()]
 
 
-def peak_rss_kb(argv) -> int:
-    """Peak RSS of one child process, from its own rusage (wait4), its output thrown away."""
-    proc = subprocess.Popen([*CLI, *map(str, argv)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=ENV)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0, err
-    return usage.ru_maxrss
 
 
 # -- bounded memory ----------------------------------------------------------------------------
