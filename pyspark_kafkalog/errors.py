@@ -227,6 +227,35 @@ class UnsupportedOperationError(KafkaStorageError):
     retriable = False
 
 
+# -- the coordinator service --------------------------------------------------------------------
+
+class CoordinatorNotAvailableError(KafkaLogError):
+    """No coordinator is active (its lease was never taken, or lapsed), or the one the metadata
+    log names does not answer. Everything but the coordinator's own services works without one."""
+    user_error = False
+    retriable = True
+
+    error_code = 15
+    error_name = "COORDINATOR_NOT_AVAILABLE"
+
+
+class NotControllerError(KafkaLogError):
+    """A request that changes something reached a coordinator that is not (or no longer) the
+    active one: a standby, or one fenced by a newer epoch. Ask the one the metadata log names."""
+    user_error = False
+    retriable = True
+
+    error_code = 41
+    error_name = "NOT_CONTROLLER"
+
+
+class CoordinatorAuthenticationError(KafkaLogError, PermissionError):
+    """The coordinator refused the request's token (missing or wrong)."""
+
+    error_code = 58
+    error_name = "SASL_AUTHENTICATION_FAILED"
+
+
 _BY_NAME = {}
 for _cls in list(globals().values()):
     if isinstance(_cls, type) and issubclass(_cls, KafkaLogError):
