@@ -19,7 +19,7 @@ import sys
 
 from _common import spark_fan_out, spark_session
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.groups import GroupStore, topic_ids
+from pyspark_kafkalog.cluster.groups import consumed_offsets
 from pyspark_kafkalog.cluster.maintenance import delete_records, delete_records_dry_run
 from pyspark_kafkalog.cluster.offset_json import load_offset_json, parse_offset_json
 from pyspark_kafkalog.errors import InvalidConfigError
@@ -33,10 +33,7 @@ def read_offset_json(text: str) -> dict:
 def consumed_by(cluster: Cluster, group: str, topic=None):
     """The group's offsets, and the ids of the topics they belong to: deleting records is
     refused for a topic recreated after this (its records were never consumed)."""
-    ids = topic_ids(cluster.state())
-    committed = GroupStore(cluster.storage).fetch(group, ids)
-    offsets = {tp: om.offset for tp, om in committed.items() if topic is None or tp[0] == topic}
-    return offsets, {t: ids[t] for t, _ in offsets if t in ids}
+    return consumed_offsets(cluster, [group], None if topic is None else [topic])
 
 
 def offsets_consumed_by(cluster: Cluster, group: str, topic=None) -> dict:

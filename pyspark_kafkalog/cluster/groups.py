@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import quote, unquote
 
 from ..errors import (AlreadyExistsError, CorruptRecordError, GroupIdNotFoundError,
@@ -81,6 +81,29 @@ def live_offsets(committed: Mapping[TopicPartition, OffsetAndMetadata],
     (the topic was deleted, and maybe created again) counts as not committed."""
     return {tp: om for tp, om in committed.items()
             if om.topic_id is None or om.topic_id == current_ids.get(tp[0])}
+
+
+def consumed_offsets(cluster, groups: Sequence[str], topics: Optional[Iterable[str]] = None
+                     ) -> Tuple[Dict[TopicPartition, int], Dict[str, str]]:
+    """What every one of ``groups`` has consumed, for deleting records after consumption
+    (KIP-107's motivation): per partition of ``topics`` (default: any) the smallest of their
+    committed offsets, and the ids of the topics those offsets belong to (pass them to
+    ``delete_records``, which then refuses a topic recreated since: its records were never
+    consumed). A partition some group has no live offset for is left out: that group may still
+    read it from the start. The one rule for the delete-records job and the coordinator's
+    scheduled deletion."""
+    if not groups:
+        raise InvalidGroupIdError("at least one group is required")
+    ids = topic_ids(cluster.state())
+    wanted = None if topics is None else set(topics)
+    store = GroupStore(cluster.storage)
+    common: Optional[Dict[TopicPartition, int]] = None
+    for group in groups:
+        mine = {tp: om.offset for tp, om in store.fetch(group, ids).items()
+                if wanted is None or tp[0] in wanted}
+        common = mine if common is None else {tp: min(o, mine[tp]) for tp, o in common.items()
+                                              if tp in mine}
+    return common, {t: ids[t] for t, _ in common if t in ids}
 
 
 class GroupStore:
