@@ -1,0 +1,258 @@
+"""Scheduled maintenance: the coordinator's timer for the broker's periodic log jobs (issue #16).
+
+A Kafka broker's ``LogManager`` runs retention every ``log.retention.check.interval.ms`` and
+rewrites its checkpoint files every ``log.flush.offset.checkpoint.interval.ms``; kafkalog has no
+broker, so without this nothing runs them unless someone runs ``kafkalog retention``/``cleanup``
+or the spark-submit jobs. The scheduler only decides *when*: every job calls the rule that the
+CLI, the Admin API and ``jobs/`` call (``cluster.maintenance``, ``cluster.checkpoints``,
+``cluster.groups.consumed_offsets``), so a rule still lives in one place.
+
+Fencing is not the scheduler's business. It knows nothing of leases: the coordinator service
+calls :meth:`MaintenanceScheduler.tick` only while it holds the lease, so normally one process
+runs these jobs. That is about not doing the work twice, not about correctness: every job here is
+safe when two processes run it at once, or when a deposed coordinator finishes a run it started
+before its lease lapsed (see docs/user-guide.md, "Scheduled maintenance", and
+``cluster/maintenance.py``): log start offsets only ever rise through the metadata log, and a file
+is deleted only on the metadata's positive evidence that no reader may select it.
+
+``tick`` runs the due jobs one after another in the caller's thread; retention or cleanup over
+many partitions can take a while, so a service should not call it from the thread that renews
+its lease.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+from ..cluster.checkpoints import sync_checkpoints
+from ..cluster.groups import consumed_offsets, validate_group_id
+from ..cluster.maintenance import FanOut, collect_garbage, delete_records, retention, serial
+from ..errors import InvalidConfigError, KafkaLogError
+from ..format.checkpoint import parse_properties, validate_topic_name
+
+log = logging.getLogger(__name__)
+
+#: the kinds of run, in the order a tick runs them when several are due: data first, then the
+#: garbage it leaves, then the derived files that describe the result
+RETENTION = "retention"
+DELETE_AFTER_CONSUMPTION = "delete_after_consumption"
+CLEANUP = "cleanup"
+CHECKPOINTS = "checkpoints"
+KINDS = (RETENTION, DELETE_AFTER_CONSUMPTION, CLEANUP, CHECKPOINTS)
+
+#: property name -> (SchedulerConfig attribute, default). Kafka's broker names and defaults where
+#: Kafka has the job; ``kafkalog.*`` where it does not (Kafka has no garbage of dead writers).
+INTERVAL_KEYS: Dict[str, Tuple[str, int]] = {
+    "log.retention.check.interval.ms": ("retention_check_interval_ms", 300_000),
+    "kafkalog.cleanup.interval.ms": ("cleanup_interval_ms", 300_000),
+    "log.flush.offset.checkpoint.interval.ms": ("checkpoint_interval_ms", 60_000),
+    "kafkalog.delete.after.consumption.interval.ms": ("delete_after_consumption_interval_ms",
+                                                      300_000),
+}
+POLICY_KEY = "kafkalog.delete.after.consumption"
+#: every key the scheduler takes (a service reading one file for several parts can split by it)
+KEYS = frozenset(INTERVAL_KEYS) | {POLICY_KEY}
+_LONG_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    retention_check_interval_ms: int = 300_000
+    cleanup_interval_ms: int = 300_000
+    checkpoint_interval_ms: int = 60_000
+    delete_after_consumption_interval_ms: int = 300_000
+    #: topic -> the groups that must all have consumed a record before it is deleted; empty: off
+    delete_after_consumption: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def from_properties(cls, props: Optional[Mapping[str, object]] = None) -> "SchedulerConfig":
+        """Validate a Java-properties mapping; an unknown key or a bad value raises
+        ``InvalidConfigError`` naming the key, so a typo never falls back to a default."""
+        values: Dict[str, object] = {}
+        for key, raw in (props or {}).items():
+            if key in INTERVAL_KEYS:
+                values[INTERVAL_KEYS[key][0]] = _interval(key, raw)
+            elif key == POLICY_KEY:
+                values["delete_after_consumption"] = parse_delete_after_consumption(str(raw))
+            else:
+                raise InvalidConfigError(f"unknown maintenance setting {key!r}; known: "
+                                         f"{sorted(KEYS)}")
+        return cls(**values)
+
+    def interval_ms(self, kind: str) -> Optional[int]:
+        """How often ``kind`` runs; None when it is off (no delete-after-consumption policy)."""
+        if kind == DELETE_AFTER_CONSUMPTION and not self.delete_after_consumption:
+            return None
+        return getattr(self, {RETENTION: "retention_check_interval_ms",
+                              CLEANUP: "cleanup_interval_ms",
+                              CHECKPOINTS: "checkpoint_interval_ms",
+                              DELETE_AFTER_CONSUMPTION: "delete_after_consumption_interval_ms"}[kind])
+
+
+def _interval(key: str, raw: object) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise InvalidConfigError(f"{key} must be an integer (milliseconds), got {raw!r}") from None
+    if not 1 <= value <= _LONG_MAX:
+        raise InvalidConfigError(f"{key} must be >= 1 (milliseconds), got {raw!r}")
+    return value
+
+
+def parse_delete_after_consumption(text: str) -> Dict[str, Tuple[str, ...]]:
+    """``topicA:group1,group2;topicB:group3`` -> ``{"topicA": ("group1", "group2"), ...}``.
+    Topic names and group ids follow the cluster's own rules; empty means no policy."""
+    policy: Dict[str, Tuple[str, ...]] = {}
+    for entry in text.split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        topic, sep, groups = entry.partition(":")
+        topic = topic.strip()
+        names = tuple(g.strip() for g in groups.split(",") if g.strip()) if sep else ()
+        if not names:
+            raise InvalidConfigError(f"{POLICY_KEY}: {entry!r} names no group; expected "
+                                     "topic:group[,group...][;topic:group...]")
+        try:
+            validate_topic_name(topic)
+            for g in names:
+                validate_group_id(g)
+        except KafkaLogError as exc:
+            raise InvalidConfigError(f"{POLICY_KEY}: {exc}") from None
+        if topic in policy:
+            raise InvalidConfigError(f"{POLICY_KEY}: topic {topic!r} is listed twice")
+        policy[topic] = tuple(dict.fromkeys(names))
+    return policy
+
+
+def load_scheduler_config(path: str) -> SchedulerConfig:
+    """A properties file (``conf/maintenance.properties``), read as Java reads one."""
+    try:
+        with open(path, encoding="latin-1") as f:
+            text = f.read()
+    except OSError as exc:
+        raise InvalidConfigError(f"cannot read maintenance config {path!r}: "
+                                 f"{exc.strerror}") from None
+    return SchedulerConfig.from_properties(parse_properties(text))
+
+
+@dataclass(frozen=True)
+class MaintenanceRun:
+    """One run of one job: what a ``maintenance runs`` metric counts, labelled by ``kind`` and
+    ``ok``. ``changed`` holds counts (segments, bytes, partitions...) by name; ``error`` is
+    ``"NAME: message"`` (a Kafka error name, or the exception's type) when ``ok`` is false."""
+
+    kind: str
+    ok: bool
+    started: float                 # the tick's ``now``
+    duration_s: float
+    changed: Dict[str, int] = field(default_factory=dict)
+    error: Optional[str] = None
+
+
+class MaintenanceScheduler:
+    """Runs each job once its interval has passed since its last run (the first one interval
+    after construction, as a broker's first retention check waits too), never more often,
+    whatever the tick rate; a job that fails is retried one interval later."""
+
+    def __init__(self, cluster, config: Union[SchedulerConfig, Mapping[str, object], None] = None,
+                 *, clock: Callable[[], float] = time.time, fan_out: FanOut = serial):
+        """``config``: a ``SchedulerConfig`` or a properties mapping; ``clock``: seconds, what
+        ``tick`` is called with; ``fan_out``: how retention and deletion spread per-partition
+        work (``jobs/_common.spark_fan_out`` puts it on Spark executors)."""
+        if not isinstance(config, SchedulerConfig):
+            config = SchedulerConfig.from_properties(config)
+        self.cluster, self.config, self.clock, self.fan_out = cluster, config, clock, fan_out
+        start = clock()
+        self._next: Dict[str, float] = {}
+        for kind in KINDS:
+            ms = config.interval_ms(kind)
+            if ms is not None:
+                self._next[kind] = start + ms / 1000.0
+        self._jobs: Dict[str, Callable[[], Tuple[Dict[str, int], Optional[str]]]] = {
+            RETENTION: self._retention, DELETE_AFTER_CONSUMPTION: self._delete_after_consumption,
+            CLEANUP: self._cleanup, CHECKPOINTS: self._checkpoints}
+
+    def next_due(self) -> Dict[str, float]:
+        """When each enabled job runs next, on ``clock``'s scale."""
+        return dict(self._next)
+
+    def tick(self, now: Optional[float] = None) -> List[MaintenanceRun]:
+        """Run the jobs due at ``now`` (default: ``clock()``), each wrapped so that a failure is
+        logged at WARNING and reported, and neither stops the others nor escapes."""
+        now = self.clock() if now is None else now
+        runs = []
+        for kind in KINDS:
+            due = self._next.get(kind)
+            if due is None or now < due:
+                continue
+            runs.append(self._run(kind, now))
+            self._next[kind] = now + self.config.interval_ms(kind) / 1000.0
+        return runs
+
+    def _run(self, kind: str, now: float) -> MaintenanceRun:
+        t0 = time.perf_counter()
+        try:
+            changed, problem = self._jobs[kind]()
+        except Exception as exc:      # noqa: BLE001 - one job's failure must not stop the rest
+            name = getattr(exc, "error_name", type(exc).__name__)
+            log.warning("scheduled %s failed: %s: %s", kind, name, exc,
+                        exc_info=not isinstance(exc, KafkaLogError))
+            return MaintenanceRun(kind, False, now, time.perf_counter() - t0,
+                                  error=f"{name}: {exc}")
+        run = MaintenanceRun(kind, problem is None, now, time.perf_counter() - t0, changed,
+                             problem)
+        if problem is not None:
+            log.warning("scheduled %s: %s", kind, problem)
+        else:
+            log.info("scheduled %s: %s", kind, changed)
+        return run
+
+    # -- the jobs: each calls the rule the CLI and jobs/ call ------------------------------
+
+    # each returns (counts of what changed, a problem that makes the run not ok, or None)
+
+    def _retention(self) -> Tuple[Dict[str, int], Optional[str]]:
+        plans = retention(self.cluster, fan_out=self.fan_out)
+        return {"partitions": len(plans), "segments": sum(len(p.segments) for p in plans),
+                "bytes": sum(p.bytes for p in plans)}, None
+
+    def _cleanup(self) -> Tuple[Dict[str, int], Optional[str]]:
+        removed = collect_garbage(self.cluster)
+        return {k: len(v) for k, v in removed.items()}, None
+
+    def _checkpoints(self) -> Tuple[Dict[str, int], Optional[str]]:
+        # what cleanup ends with: every partition's files from the metadata state (protocol §8)
+        state = self.cluster.state()
+        tps = self.cluster.partitions(state)
+        sync_checkpoints(self.cluster, state, tps, log_dir_files=True)
+        return {"partitions": len(tps)}, None
+
+    def _delete_after_consumption(self) -> Tuple[Dict[str, int], Optional[str]]:
+        offsets, ids = {}, {}
+        for topic, groups in self.config.delete_after_consumption.items():
+            o, i = consumed_offsets(self.cluster, groups, [topic])
+            offsets.update(o)
+            ids.update(i)
+        state = self.cluster.state()
+        # only partitions where it moves something: a request at the log start offset would
+        # still append a metadata entry every interval
+        before = {}
+        for tp, offset in offsets.items():
+            ps = state.partition(*tp)
+            if ps is not None and offset > ps.log_start_offset:
+                before[tp] = ps.log_start_offset
+        if not before:
+            return {"partitions": 0, "errors": 0, "offsets": 0}, None
+        results = delete_records(self.cluster, {tp: offsets[tp] for tp in before},
+                                 topic_ids=ids, fan_out=self.fan_out)
+        done = {tp: r for tp, r in results.items() if r.error is None}
+        failed = {tp: r.error for tp, r in results.items() if r.error is not None}
+        # a refused partition (e.g. TOPIC_AUTHORIZATION_FAILED for this process's principal)
+        # makes the run not ok, so that the metrics show it; the others are deleted all the same
+        changed = {"partitions": len(done), "errors": len(failed),
+                   "offsets": sum(max(0, r.low_watermark - before[tp]) for tp, r in done.items())}
+        problem = "; ".join(f"{t}-{p}: {e.error_name}: {e}" for (t, p), e in sorted(failed.items()))
+        return changed, problem or None
