@@ -197,6 +197,44 @@ class InvalidFetchSessionEpochError(KafkaLogError):
     error_name = "INVALID_FETCH_SESSION_EPOCH"
 
 
+# -- the coordinator (docs/protocol.md §11) ----------------------------------------------------
+
+class CoordinatorLeaseHeldError(KafkaLogError):
+    """Another process holds the coordinator lease, and it has not expired by our clock (or it
+    won the race for the epoch we asked for).
+
+    Kafka's NOT_COORDINATOR (16), not COORDINATOR_NOT_AVAILABLE (15): Kafka answers 15 when
+    there is no coordinator at all, and 16 when the one asked is not the coordinator and the
+    client must find the one that is. Here there is one, and the log names it (``holder``,
+    ``address``): the caller stands by or talks to it. Retriable, as in Kafka: the lease may
+    lapse."""
+    user_error = False
+    retriable = True
+
+    error_code = 16
+    error_name = "NOT_COORDINATOR"
+
+    def __init__(self, message: str, *, holder: str | None = None, address: str | None = None,
+                 epoch: int | None = None, expires_ms: int | None = None):
+        super().__init__(message)
+        self.holder, self.address, self.epoch, self.expires_ms = holder, address, epoch, expires_ms
+
+
+class FencedCoordinatorError(KafkaLogError):
+    """A coordinator's epoch is no longer the current one (another took over, or it released
+    the lease): nothing it writes takes effect, and it must stop acting at once. Kafka's
+    STALE_CONTROLLER_EPOCH (11), the error a deposed controller's requests get."""
+    user_error = False
+
+    error_code = 11
+    error_name = "STALE_CONTROLLER_EPOCH"
+
+    def __init__(self, message: str, *, epoch: int | None = None,
+                 current_epoch: int | None = None, holder: str | None = None):
+        super().__init__(message)
+        self.epoch, self.current_epoch, self.holder = epoch, current_epoch, holder
+
+
 # -- storage ------------------------------------------------------------------------------------
 
 class KafkaStorageError(KafkaLogError, OSError):
