@@ -232,6 +232,24 @@ class StreamCommit(Action):
     spark_job: Optional[str] = spec(optional(check_str), required=False, default=None)
 
 
+LEASE_OPS = ("acquire", "renew", "release")
+
+
+@dataclass(frozen=True)
+class CoordinatorLeaseChange(Action):
+    """The coordinator's lease: acquire (a new epoch), renew, release; reader feature
+    ``coordinatorLease`` (docs/protocol.md §11). ``lease_op``, not ``op``: that name is the
+    action's own. For renew and release, ``epoch`` is the action's coordinator epoch, fenced
+    like any other."""
+    OP: ClassVar[str] = "coordinator_lease"
+    lease_op: str = spec(check_str)
+    epoch: int = spec(check_int)
+    holder: str = spec(check_str)
+    address: str = spec(check_str)
+    lease_ms: int = spec(check_int)
+    renewed_ms: int = spec(check_int)
+
+
 @dataclass(frozen=True)
 class Abort(Action):
     OP: ClassVar[str] = "abort"

@@ -18,11 +18,15 @@ from ..errors import UnsupportedVersionError
 
 #: a streaming micro-batch commits once per sink and batch (``stream_commit``, §3.2)
 STREAMING_SINK = "streamingSink"
+#: the coordinator's lease and the fencing of coordinator actions by its epoch (§11)
+COORDINATOR_LEASE = "coordinatorLease"
 
 #: name -> what it means; the features this client implements
 READER_FEATURES: Dict[str, str] = {
     STREAMING_SINK: "stream_commit actions: a streaming sink's micro-batch commits at most once "
                     "per (sink, batch), so a batch replayed after a crash is not written twice",
+    COORDINATOR_LEASE: "coordinator_lease actions: at most one coordinator acts at a time, and "
+                       "actions carrying an older coordinator_epoch are fenced",
 }
 WRITER_FEATURES: Dict[str, str] = {}
 

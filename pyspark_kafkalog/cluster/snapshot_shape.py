@@ -20,6 +20,9 @@ _TOPIC = record_of({"topic_id": (check_str, True), "partitions": (check_int, Tru
 _TXN = record_of({"deadline": (check_int, True), "producer": (check_str, True),
                 "ranges": (dict_of(check_tp_key, check_range), True), "seq": (check_int, False),
                 "timeout_ms": (check_int, False)})
+_LEASE = record_of({"epoch": (check_int, True), "holder": (check_str, True),
+                   "address": (check_str, True), "lease_ms": (check_int, True),
+                   "renewed_ms": (check_int, True)})
 _SNAPSHOT_FIELDS = {"seq": (check_int, True), "timestamp": (check_int, True),
                    "topics": (dict_of(check_str, _TOPIC), True),
                    "partitions": (dict_of(check_tp_key, _PARTITION), True),
@@ -28,6 +31,7 @@ _SNAPSHOT_FIELDS = {"seq": (check_int, True), "timestamp": (check_int, True),
                    "acls": (list_of(ACL), True),
                    "deleted_topics": (dict_of(check_str, check_str), False),
                    "sinks": (dict_of(check_str, check_int), False),
+                   "coordinator": (optional(_LEASE), False),
                    "reader_features": (list_of(check_str), False),
                    "writer_features": (list_of(check_str), False)}
 _SNAPSHOT = record_of(_SNAPSHOT_FIELDS)

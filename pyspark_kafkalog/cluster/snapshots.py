@@ -21,7 +21,7 @@ from .state import PARTITIONS_PER_PART, ClusterState, tp_key
 
 MANIFEST_VERSION = 3
 INLINE = ("txns", "decided", "acls", "deleted_topics", "sinks", "reader_features",
-          "writer_features")
+          "writer_features", "coordinator")
 
 
 def _canonical(obj) -> bytes:
@@ -97,7 +97,8 @@ def write(storage, log_dir: str, path: str, state: ClusterState, entry_bytes: by
             except AlreadyExistsError:
                 pass
     body = {"version": MANIFEST_VERSION, "seq": state.seq, "timestamp": state.timestamp,
-            "parts": parts, **{k: getattr(state, k) for k in INLINE}}
+            "parts": parts,
+            **{k: getattr(state, k) for k in INLINE if getattr(state, k) is not None}}
     data = seal(body, entry_bytes)
     try:
         storage.create_if_absent(path, data)

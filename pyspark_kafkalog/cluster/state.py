@@ -20,7 +20,7 @@ from ..errors import (CorruptRecordError, InvalidConfigError, InvalidTopicError,
 from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
 from . import actions as A
-from .features import STREAMING_SINK, check_readable, unknown_features
+from .features import COORDINATOR_LEASE, STREAMING_SINK, check_readable, unknown_features
 from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
 from .snapshot_shape import check_snapshot
@@ -52,6 +52,9 @@ class ClusterState:
         self.acls: List[dict] = []
         self.deleted_topics: Dict[str, str] = {}   # topic id -> name (bounded)
         self.sinks: Dict[str, int] = {}            # streaming sink -> last committed batch
+        #: the coordinator's lease (§11): epoch, holder, address, lease_ms, renewed_ms; None
+        #: before the first acquire. Never changed in place (a change replaces it whole).
+        self.coordinator: Optional[dict] = None
         self.reader_features: List[str] = []
         self.writer_features: List[str] = []
         self.results: Dict[int, List[A.Result]] = {}   # seq -> per-action results (in memory)
@@ -78,7 +81,7 @@ class ClusterState:
         c.seq, c.timestamp = self.seq, self.timestamp
         c.topics, c.partitions, c.txns = dict(self.topics), self.partitions.copy(), dict(self.txns)
         c.decided, c.acls, c.deleted_topics = self.decided, self.acls, self.deleted_topics
-        c.sinks = self.sinks
+        c.sinks, c.coordinator = self.sinks, self.coordinator
         c.touched = None
         c.reader_features, c.writer_features = list(self.reader_features), list(self.writer_features)
         c.results = dict(self.results)
@@ -163,7 +166,8 @@ class ClusterState:
                 "txns": self.txns, "decided": self.decided, "acls": self.acls,
                 "deleted_topics": self.deleted_topics, "sinks": self.sinks,
                 "reader_features": self.reader_features,
-                "writer_features": self.writer_features}
+                "writer_features": self.writer_features,
+                **({} if self.coordinator is None else {"coordinator": self.coordinator})}
 
     @classmethod
     def from_snapshot(cls, d, *, partitions: Optional[Dict[str, PartitionState]] = None
@@ -187,6 +191,7 @@ class ClusterState:
         s.decided, s.acls = dict(d["decided"]), [dict(a) for a in d["acls"]]
         s.deleted_topics = dict(d.get("deleted_topics") or {})
         s.sinks = dict(d.get("sinks") or {})
+        s.coordinator = dict(d["coordinator"]) if d.get("coordinator") else None
         return s
 
     # -- queries ------------------------------------------------------------------------------
@@ -255,7 +260,7 @@ class ClusterState:
             elif isinstance(action, A.Result):
                 results.append(action)
             else:
-                results.append(HANDLERS[type(action)](self, action, ts))
+                results.append(self._fenced(action) or HANDLERS[type(action)](self, action, ts))
         self.seq, self.timestamp = seq, max(self.timestamp, ts)
         self.results[seq] = results
         if len(self.results) > MAX_KEPT_RESULTS:
@@ -435,6 +440,71 @@ class ClusterState:
             self._sinks_w()[a.sink] = a.batch
         return result
 
+    def _fenced(self, action: A.Action) -> Optional[A.Result]:
+        """The fencing rule (§11): an action carrying ``coordinator_epoch`` applies only under
+        the current, unreleased epoch, so a deposed coordinator's actions never take effect,
+        however late they land. Checked here, once, so an action that gains the field gains the
+        rule without handler code."""
+        epoch = getattr(action, "coordinator_epoch", None)
+        return None if epoch is None else self._stale(epoch, None)
+
+    def _stale(self, epoch: int, holder: Optional[str]) -> Optional[A.Result]:
+        cur = self.coordinator
+        if cur is None:
+            why = "no coordinator has held the lease yet"
+        elif not cur["holder"]:
+            why = f"the current epoch {cur['epoch']} was released"
+        elif epoch != cur["epoch"] or (holder is not None and holder != cur["holder"]):
+            why = f"the current epoch is {cur['epoch']}, held by {cur['holder']}"
+        else:
+            return None
+        return A.error("STALE_CONTROLLER_EPOCH", f"coordinator epoch {epoch} of "
+                       f"{holder or 'its sender'} is fenced: {why}")
+
+    def _coordinator_lease(self, a: A.CoordinatorLeaseChange, ts: int) -> A.Result:
+        """The coordinator's lease (§11). Whether the current lease has expired is judged by the
+        acquirer's clock as written in its action (``renewed_ms``), never by the replaying
+        process's: replay stays a function of the log, and the log's order decides a race."""
+        if COORDINATOR_LEASE not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"coordinator_lease needs the feature "
+                           f"{COORDINATOR_LEASE}, which this cluster has not enabled")
+        if a.lease_op not in A.LEASE_OPS:
+            return A.error("INVALID_REQUEST", f"lease_op {a.lease_op!r:.40} is not one of "
+                           f"{', '.join(A.LEASE_OPS)}")
+        if a.epoch < 1 or not a.holder:
+            return A.error("INVALID_REQUEST", "a lease needs an epoch >= 1 and a holder")
+        if a.lease_op != "release" and a.lease_ms <= 0:
+            return A.error("INVALID_REQUEST", f"lease_ms {a.lease_ms} is not positive")
+        cur = self.coordinator
+        if a.lease_op == "acquire":
+            current = cur["epoch"] if cur else 0
+            if a.epoch > current + 1:
+                return A.error("INVALID_REQUEST", f"epoch {a.epoch} skips epochs: the current "
+                               f"one is {current}")
+            live = (cur is not None and cur["holder"] and cur["holder"] != a.holder
+                    and a.renewed_ms < cur["renewed_ms"] + cur["lease_ms"])
+            if a.epoch <= current or live:
+                until = cur["renewed_ms"] + cur["lease_ms"]
+                held = (f"{cur['holder']} (at {cur['address'] or 'no address'}) holds "
+                        f"coordinator epoch {cur['epoch']} until {until}"
+                        if cur["holder"] else f"coordinator epoch {cur['epoch']} was released")
+                return A.error("NOT_COORDINATOR", f"epoch {a.epoch} is taken: {held}"
+                               if a.epoch <= current else
+                               f"{held}, and this acquire's time is {a.renewed_ms}")
+            self.coordinator = {"epoch": a.epoch, "holder": a.holder, "address": a.address,
+                                "lease_ms": a.lease_ms, "renewed_ms": a.renewed_ms}
+            return A.Result()
+        stale = self._stale(a.epoch, a.holder)
+        if stale is not None:
+            return stale
+        if a.lease_op == "renew":
+            self.coordinator = dict(cur, address=a.address, lease_ms=a.lease_ms,
+                                    renewed_ms=a.renewed_ms)
+        else:   # released: the epoch stays (the next acquire takes the one after it)
+            self.coordinator = {"epoch": cur["epoch"], "holder": "", "address": "",
+                                "lease_ms": 0, "renewed_ms": a.renewed_ms}
+        return A.Result()
+
     def _abort(self, a: A.Abort, ts: int) -> A.Result:
         aborted, skipped = [], {}
         for txn in a.txns:
@@ -533,6 +603,7 @@ HANDLERS = {
     A.Reserve: ClusterState._reserve,
     A.Commit: ClusterState._commit,
     A.StreamCommit: ClusterState._stream_commit,
+    A.CoordinatorLeaseChange: ClusterState._coordinator_lease,
     A.Abort: ClusterState._abort,
     A.SetLogStart: ClusterState._set_log_start,
     A.AclChange: ClusterState._acl,
