@@ -190,6 +190,25 @@ def test_leader_epoch_changes_with_the_writer(tmp_path):
     assert epochs == {(False, 0), (True, 1)}
 
 
+def test_a_commit_rewrites_leader_epoch_checkpoint_only_where_an_epoch_begins(tmp_path):
+    """Same epoch: the file's content cannot change, so it is left alone (one file and two
+    fsyncs per partition were most of a 1,000-partition commit); a new epoch rewrites it."""
+    url = str(tmp_path / "c")
+    a = Admin(url)
+    a.create_topic("t", 2)
+    a.produce("t", _recs(2), partition=0)
+    a.produce("t", _recs(2), partition=1)
+    d = tmp_path / "c" / "logdir-0"
+    inode = lambda p: os.stat(d / f"t-{p}" / "leader-epoch-checkpoint").st_ino
+    before = inode(0), inode(1)
+    a.produce("t", _recs(2), partition=0)                  # same writer, same epoch
+    assert (inode(0), inode(1)) == before
+    Admin(url).produce("t", _recs(3), partition=0)         # another writer: epoch 1 begins
+    assert inode(0) != before[0] and inode(1) == before[1]
+    text = (d / "t-0" / "leader-epoch-checkpoint").read_text()
+    assert ckpt.parse_leader_epoch_checkpoint(text) == [(0, 0), (1, 4)]
+
+
 def test_kafka_checkpoints_follow_the_metadata(admin, tmp_path):
     admin.create_topic("t", 2)
     admin.produce("t", _recs(5), partition=0)

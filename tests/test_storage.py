@@ -343,6 +343,38 @@ def test_create_if_absent_processes_one_winner(backend, storage):
             p.wait(10)
 
 
+def test_replace_many_replaces_each_file_whole(backend, storage):
+    """Every backend: each file gets its new content; on local disk past the one-barrier
+    threshold too, and without a temp file left behind."""
+    n = 70 if backend.name == "local" else 5
+    storage.replace_many({f"d{i}/f": b"old" for i in range(n)})
+    storage.replace_many({f"d{i}/f": b"new %d" % i for i in range(n)})
+    assert [storage.read(f"d{i}/f") for i in range(n)] == [b"new %d" % i for i in range(n)]
+    assert all([x.name for x in storage.list(f"d{i}")] == ["f"] for i in range(n))
+    if backend.name == "local":
+        assert not [f for _, _, fs in os.walk(storage.root) for f in fs if ".tmp-" in f]
+
+
+def test_replace_many_on_local_disk_renames_only_after_every_temp_was_written(tmp_path,
+                                                                            monkeypatch):
+    """A failure while writing the temp files renames nothing: every target keeps its old
+    content, and no temp file is left."""
+    storage = LocalStorage(str(tmp_path / "r"))
+    storage.replace_many({f"d{i}/f": b"old" for i in range(80)})
+    real, calls = storage._write_temp, []
+
+    def failing(full, data, sync=True):
+        calls.append(full)
+        if len(calls) == 50:
+            raise OSError(28, "No space left on device")
+        return real(full, data, sync)
+    monkeypatch.setattr(storage, "_write_temp", failing)
+    with pytest.raises(Exception, match="No space left"):
+        storage.replace_many({f"d{i}/f": b"new" for i in range(80)})
+    assert {storage.read(f"d{i}/f") for i in range(80)} == {b"old"}
+    assert not [f for _, _, fs in os.walk(tmp_path / "r") for f in fs if ".tmp-" in f]
+
+
 def test_concurrent_readers_never_see_partial_replace(storage):
     versions = [bytes([i]) * (50_000 + i * 7_000) for i in range(4)]
     storage.replace("f", versions[0])

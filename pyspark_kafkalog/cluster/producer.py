@@ -21,7 +21,7 @@ from ..format.records import LOG_APPEND_TIME, Record
 from ..log.segment_spool import SegmentSpool
 from ..log.segment_writer import run_all, write_segments
 from . import actions as A
-from .checkpoints import sync_checkpoints
+from .checkpoints import sync_checkpoints, written_ranges
 from .state import split_key, tp_key
 
 TopicPartition = Tuple[str, int]
@@ -194,8 +194,8 @@ class Producer:
         if not result.ok:
             self._try_abort(pending)
             raise error_for(result.error, result.message)
-        tps = sorted({split_key(k) for p in pending for k in p.ranges})
-        sync_checkpoints(cluster, state, tps)
+        written = written_ranges(pending)
+        sync_checkpoints(cluster, state, sorted(written), written=written)
 
     def abort(self, pending: Iterable[PendingWrite]) -> None:
         pending = list(pending)

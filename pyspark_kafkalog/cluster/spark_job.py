@@ -42,7 +42,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional
 from ..errors import (FencedLeaderEpochError, InvalidConfigError, KafkaLogError,
                       TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_for)
 from . import actions as A
-from .checkpoints import sync_checkpoints
+from .checkpoints import sync_checkpoints, written_ranges
 from .cluster import CLUSTER_FILE, Cluster
 from .features import STREAMING_SINK
 from .producer import PendingWrite, Producer
@@ -281,8 +281,8 @@ def _decide_commit(cluster: Cluster, pending: List[PendingWrite], producer: str,
     try:
         _delete_ranges(cluster, new_state, stale_gone)
         _sweep_late(cluster, producer, txns + sorted(stale))
-        tps = sorted({split_key(k) for p in pending for k in p.ranges})
-        sync_checkpoints(cluster, new_state, tps)
+        written = written_ranges(pending)
+        sync_checkpoints(cluster, new_state, sorted(written), written=written)
     except Exception:   # derived files and garbage: maintenance redoes both
         pass
     return True

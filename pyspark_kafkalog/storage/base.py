@@ -14,7 +14,7 @@ import contextlib
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator, Mapping, NamedTuple
 
 from ..errors import (
     AlreadyExistsError,
@@ -252,6 +252,12 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def replace(self, path: str, data: bytes) -> None:
         """Set the whole content of ``path`` (creating it); see ``guarantees.atomic_replace``."""
+
+    def replace_many(self, contents: Mapping[str, bytes]) -> None:
+        """:meth:`replace` of each ``{path: data}``: each file atomically, not all together.
+        Backends may share one durability barrier among them (local disk)."""
+        for path, data in contents.items():
+            self.replace(path, data)
 
     def append(self, path: str, data: bytes) -> None:
         """Add ``data`` at the end of ``path`` (creating it); never atomic, see StorageGuarantees."""

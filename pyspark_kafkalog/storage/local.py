@@ -386,6 +386,46 @@ class LocalStorage(Storage):
                 raise
             self._sync_dir(os.path.dirname(full))
 
+    def replace_many(self, contents) -> None:
+        """Many small files replaced with two barriers in all instead of two fsyncs each: every
+        temp file is written, then made durable (one ``syncfs`` past ``SyncBatch.SYNCFS_FILES``
+        files), and only then renamed over its target, so a crash never leaves a torn file
+        under the name; the renames are made durable by the second barrier. Rewriting 1,000
+        partitions' ``leader-epoch-checkpoint`` after a commit took about 1 s file by file."""
+        if not self._fsync or len(contents) <= SyncBatch.SYNCFS_FILES:
+            for path, data in contents.items():
+                self.replace(path, data)
+            return
+        temps = []
+        dirs = sorted({os.path.dirname(self._abs(path)) for path in contents})
+        try:
+            with storage_errors("replace", self.url):
+                for path, data in contents.items():
+                    full = self._abs(path)
+                    temps.append((self._write_temp(full, data, sync=False), full))
+                self._barrier([t for t, _ in temps], ())
+                while temps:
+                    tmp, full = temps[-1]
+                    os.replace(tmp, full)
+                    temps.pop()
+                self._barrier((), dirs)
+        finally:
+            for tmp, _ in temps:
+                unlink_quietly(tmp)
+
+    def _barrier(self, files, dirs) -> None:
+        """``files`` and the entries of ``dirs`` durable: one ``syncfs`` when there are many."""
+        if len(files) + len(dirs) > SyncBatch.SYNCFS_FILES and _syncfs(self.root):
+            return
+        for full in files:
+            fd = os.open(full, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for directory in dirs:
+            self._sync_dir(directory)
+
     def append(self, path: str, data: bytes) -> None:
         full = self._abs(path)
         with storage_errors("append", self._where(path)):
