@@ -278,6 +278,27 @@ def test_task_writer_spools_unless_told_not_to(tmp_path):
             assert not temp_files(url) and not segment_files(url)
 
 
+def test_a_partition_that_never_filled_a_run_is_written_from_memory(tmp_path):
+    """Spooling overlaps a partition's segment I/O with the encoding only once a whole run was
+    handed over: a partition smaller than that (a topic of many small partitions) gets no temp
+    file at all, and its segments are the plain write's, byte for byte."""
+    batches = _arrow_batches(5, 3, 1000)
+    roots = {}
+    for way, run_bytes in (("small", 1 << 30), ("plain", None)):
+        url = str(tmp_path / way)
+        _make_cluster(url, {"segment.bytes": "100000"})
+        tw, prod = _task(url, spool=None if way == "small" else False, run_bytes=run_bytes,
+                         extra={"buffer.memory": str(1 << 30)})
+        for b in batches:
+            tw.add(b)
+        tw.spool_writer.wait()
+        assert not temp_files(url)
+        assert all(not s.files for s in tw.spools.values())
+        commit_job(tw.cluster, tw.finish(), prod)
+        roots[way] = segment_files(url)
+    assert roots["small"] and roots["small"] == roots["plain"]
+
+
 @pytest.mark.parametrize("case", ["create_time", "log_append_lz4"])
 def test_task_writer_spooled_writes_the_same_segments(tmp_path, case, monkeypatch):
     """Tasks spooled with O_DIRECT (the default storage), spooled through the page cache
