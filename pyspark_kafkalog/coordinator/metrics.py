@@ -1,0 +1,99 @@
+"""The coordinator's metrics, in Prometheus' text format on an HTTP endpoint.
+
+Each coordinator has its own ``CollectorRegistry``, not prometheus_client's global one: two
+coordinators in one process (tests; a driver that runs one per cluster) must not share counters,
+and a process that never starts one must export nothing. Only what is measured today is
+exported: replication lag, ISR size and under-replicated partitions arrive with replication, not
+as placeholders before it (docs/coordinator.md, "Metrics").
+"""
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+PREFIX = "kafkalog_coordinator"
+
+
+class CoordinatorMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.epoch = Gauge(f"{PREFIX}_epoch", "Coordinator epoch held by this process "
+                           "(0 while it is a standby)", registry=r)
+        self.active = Gauge(f"{PREFIX}_active", "1 while this process is the active "
+                            "coordinator (Kafka's ActiveControllerCount)", registry=r)
+        self.lease_acquisitions = Counter(f"{PREFIX}_lease_acquisitions",
+                                          "Times this process took the lease (a new epoch)",
+                                          registry=r)
+        self.lease_renewals = Counter(f"{PREFIX}_lease_renewals", "Lease renewals written",
+                                      registry=r)
+        self.lease_renewal_failures = Counter(
+            f"{PREFIX}_lease_renewal_failures", "Lease renewals that failed for a reason other "
+            "than fencing (storage unavailable, ...)", registry=r)
+        self.fenced = Counter(f"{PREFIX}_fenced", "Times this process found its epoch "
+                              "superseded, or its lease lapsed, and stopped acting", registry=r)
+        self.leader_elections = Counter(f"{PREFIX}_leader_elections", "Partition leader "
+                                        "elections this coordinator made", registry=r)
+        self.maintenance_runs = Counter(f"{PREFIX}_maintenance_runs", "Scheduled maintenance "
+                                        "runs, by kind", ["kind"], registry=r)
+        self.maintenance_failures = Counter(f"{PREFIX}_maintenance_failures", "Scheduled "
+                                            "maintenance runs that failed, by kind", ["kind"],
+                                            registry=r)
+        self.auth_failures = Counter(f"{PREFIX}_rpc_authentication_failures",
+                                     "RPC calls refused for a missing or wrong token",
+                                     registry=r)
+        self._server = None
+        self._thread = None
+
+    def count_runs(self, runs) -> None:
+        """What a maintenance hook reports it ran: runs with ``.kind`` and ``.ok`` (the
+        scheduler's ``MaintenanceRun``), kind names, or ``{kind: count}``; None for nothing."""
+        if runs is None:
+            return
+        if isinstance(runs, str):
+            runs = [runs]
+        if isinstance(runs, Mapping):
+            runs = [kind for kind, n in runs.items() for _ in range(int(n))]
+        for run in runs:
+            kind = str(getattr(run, "kind", run))
+            self.maintenance_runs.labels(kind=kind).inc()
+            if getattr(run, "ok", True) is False:
+                self.maintenance_failures.labels(kind=kind).inc()
+
+    def summary(self) -> Dict[str, object]:
+        """The current values, for the Status RPC: by their names without the prefix (and
+        ``_total``), the maintenance counters as ``{kind: count}``."""
+        out: Dict[str, object] = {}
+        for family in self.registry.collect():
+            short = family.name[len(PREFIX) + 1:]
+            if family.name.startswith(f"{PREFIX}_maintenance_"):
+                out[short] = {}
+            for sample in family.samples:
+                if sample.name.endswith("_created"):
+                    continue
+                value = int(sample.value) if float(sample.value).is_integer() else sample.value
+                if "kind" in sample.labels:
+                    out[short][sample.labels["kind"]] = value
+                else:
+                    out[short] = value
+        return out
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP endpoint (``/metrics``); returns the port it listens on."""
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        return self._server.server_port
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def metrics_url(host: str, port: Optional[int]) -> Optional[str]:
+    if port is None:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/metrics"

@@ -1,0 +1,168 @@
+"""The coordinator's RPC: gRPC with JSON messages, server and client.
+
+Why no ``.proto``: the messages are small and few, and a generated module per service would be
+one more build step for every install. gRPC's generic method handlers with JSON serializers keep
+gRPC's wire protocol, its HTTP/2 transport, deadlines, status codes and metadata (which carries
+the token, ``auth.py``), and any gRPC client can call ``/kafkalog.coordinator.Coordinator/Status``
+with a JSON body.
+
+Typed errors cross the wire as a status code plus the Kafka error name in the trailing metadata
+``kafkalog-error``; the client raises the same typed error. A method registered ``mutating`` is
+refused with ``NOT_CONTROLLER`` unless this process is the active coordinator at that moment, so
+a standby or a fenced coordinator never acts on a request.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import grpc
+
+from ..errors import (CoordinatorAuthenticationError, CoordinatorNotAvailableError,
+                      InvalidConfigError, KafkaLogError, NotControllerError, error_for)
+from .auth import TokenInterceptor, call_metadata
+
+log = logging.getLogger(__name__)
+
+SERVICE = "kafkalog.coordinator.Coordinator"
+ERROR_KEY = "kafkalog-error"
+DEFAULT_TIMEOUT_S = 10.0
+MAX_WORKERS = 8
+
+
+def encode(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+def decode(data: bytes):
+    return json.loads(data) if data else {}
+
+
+def method_path(name: str) -> str:
+    return f"/{SERVICE}/{name}"
+
+
+@dataclass(frozen=True)
+class Method:
+    handler: Callable[[dict], dict]
+    mutating: bool
+
+
+def _status_for(exc: KafkaLogError) -> grpc.StatusCode:
+    if isinstance(exc, NotControllerError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    if exc.user_error:
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.UNAVAILABLE if exc.retriable else grpc.StatusCode.INTERNAL
+
+
+class _Dispatch(grpc.GenericRpcHandler):
+    def __init__(self, server: "RpcServer"):
+        self._server = server
+
+    def service(self, handler_call_details):
+        prefix = f"/{SERVICE}/"
+        name = handler_call_details.method
+        if not name.startswith(prefix):
+            return None
+        method = self._server.methods.get(name[len(prefix):])
+        if method is None:
+            return None
+        return grpc.unary_unary_rpc_method_handler(
+            lambda request, context: self._server.call(name, method, request, context),
+            request_deserializer=decode, response_serializer=encode)
+
+
+class RpcServer:
+    """A gRPC server whose every call must carry ``token``. ``is_active`` is asked on every
+    call of a mutating method; ``on_refusal`` counts refused tokens."""
+
+    def __init__(self, bind: str, token: str, *, is_active: Callable[[], bool],
+                 on_refusal: Callable[[], None] = lambda: None, max_workers: int = MAX_WORKERS):
+        self.methods: Dict[str, Method] = {}
+        self._is_active = is_active
+        self._server = grpc.server(ThreadPoolExecutor(max_workers, thread_name_prefix="kl-rpc"),
+                                   interceptors=[TokenInterceptor(token, on_refusal)])
+        self._server.add_generic_rpc_handlers([_Dispatch(self)])
+        try:
+            self.port = self._server.add_insecure_port(bind)
+        except RuntimeError as exc:
+            raise InvalidConfigError(f"the coordinator cannot listen on {bind!r}: {exc}") from None
+        if not self.port:
+            raise InvalidConfigError(f"the coordinator cannot listen on {bind!r}")
+
+    def add_method(self, name: str, handler: Callable[[dict], dict], *,
+                   mutating: bool = False) -> None:
+        self.methods[name] = Method(handler, mutating)
+
+    def call(self, path: str, method: Method, request, context):
+        try:
+            if method.mutating and not self._is_active():
+                raise NotControllerError("this coordinator is not the active one (standby or "
+                                         "fenced); ask the one the metadata log names")
+            return method.handler(request if isinstance(request, dict) else {})
+        except KafkaLogError as exc:
+            context.set_trailing_metadata(((ERROR_KEY, exc.error_name),))
+            context.abort(_status_for(exc), str(exc))
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self, grace_s: Optional[float] = 1.0) -> None:
+        self._server.stop(grace_s).wait()
+
+
+class CoordinatorClient:
+    """Calls one coordinator at ``address``. Errors are typed: a refused token is
+    :class:`CoordinatorAuthenticationError`, a coordinator that does not answer is
+    :class:`CoordinatorNotAvailableError`, and the server's own typed errors come back as
+    themselves. ``lease``: the lease that named this address, when found through discovery."""
+
+    def __init__(self, address: str, token: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 lease=None):
+        self.address = address
+        self.lease = lease
+        self.timeout_s = timeout_s
+        self._metadata = call_metadata(token)
+        self._channel = grpc.insecure_channel(address)
+
+    def call(self, name: str, request: Optional[dict] = None) -> dict:
+        stub = self._channel.unary_unary(method_path(name), request_serializer=encode,
+                                         response_deserializer=decode)
+        try:
+            return stub(request or {}, timeout=self.timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise self._typed(name, exc) from None
+
+    def _typed(self, name: str, exc: grpc.RpcError) -> KafkaLogError:
+        code, details = exc.code(), exc.details()
+        for key, value in exc.trailing_metadata() or ():
+            if key == ERROR_KEY:
+                return error_for(value, details)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return CoordinatorAuthenticationError(
+                f"the coordinator at {self.address} refused the token ({details}); check "
+                "--token-file / $KAFKALOG_COORDINATOR_TOKEN")
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return CoordinatorNotAvailableError(
+                f"the coordinator at {self.address} does not answer {name} "
+                f"({code.name}: {details})")
+        return KafkaLogError(f"{name} at {self.address} failed: {code.name}: {details}")
+
+    def status(self) -> dict:
+        return self.call("Status")
+
+    def ping(self) -> dict:
+        return self.call("Ping")
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
