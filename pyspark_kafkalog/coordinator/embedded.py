@@ -1,0 +1,93 @@
+"""``pyspark_kafkalog.coordinator.start``: the coordinator beside a Spark driver, in its process.
+
+Why a watcher thread: Spark has no hook for "the session stopped" that Python can subscribe to,
+and a coordinator that outlives its driver's session keeps holding the lease for a job that is
+over. A daemon thread asks the SparkContext whether it stopped (``sc._jsc.sc().isStopped()``,
+or ``_jsc`` gone, which is what ``SparkContext.stop()`` leaves) and stops the coordinator, which
+releases the lease; ``atexit`` does the same when the interpreter ends first.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import Optional, Sequence
+
+from ..cluster.cluster import Cluster
+from ..errors import InvalidConfigError
+from .service import DEFAULT_BIND, DEFAULT_LEASE_MS, Coordinator, Tick
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 1.0
+
+
+def session_stopped(spark) -> bool:
+    """Whether ``spark``'s SparkContext has stopped (a JVM that no longer answers has too)."""
+    sc = getattr(spark, "_sc", None)
+    jsc = getattr(sc, "_jsc", None)
+    if jsc is None:
+        return True
+    try:
+        return bool(jsc.sc().isStopped())
+    except Exception:   # noqa: BLE001 - py4j: the gateway is gone with the JVM
+        return True
+
+
+class SessionWatch:
+    """Stops ``coordinator`` once ``spark`` stops; a daemon thread, ended by the coordinator's
+    own stop too."""
+
+    def __init__(self, spark, coordinator: Coordinator, interval_s: float = WATCH_INTERVAL_S):
+        if getattr(spark, "_sc", None) is None:
+            raise InvalidConfigError(
+                "start(spark) watches a classic SparkSession's SparkContext; this session has "
+                "none (Spark Connect?): start(cluster_url) and stop the handle yourself")
+        self.spark, self.coordinator, self.interval_s = spark, coordinator, interval_s
+        self.thread = threading.Thread(target=self._run, name="kl-coordinator-session-watch",
+                                       daemon=True)
+
+    def start(self) -> "SessionWatch":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.coordinator.wait(self.interval_s):
+            if session_stopped(self.spark):
+                log.info("the Spark session stopped: stopping coordinator %s",
+                         self.coordinator.holder)
+                self.coordinator.stop()
+                return
+
+
+def start(spark_or_cluster, *, cluster=None, token: Optional[str] = None,
+          token_file: Optional[str] = None, bind: str = DEFAULT_BIND,
+          advertised_address: Optional[str] = None, metrics_port: Optional[int] = 0,
+          lease_ms: int = DEFAULT_LEASE_MS, on_fenced: str = "standby",
+          ticks: Sequence[Tick] = (), cluster_options: Optional[dict] = None) -> Coordinator:
+    """Start a coordinator in a background thread of this process and return it (``.stop()``,
+    ``.address``, ``.metrics_url``, ``.epoch``: None while it stands by).
+
+    ``spark_or_cluster``: a SparkSession (then ``cluster=`` names the cluster, and the
+    coordinator stops when the session does), a cluster URL, or a :class:`Cluster`. The other
+    arguments are :class:`Coordinator`'s. It always stops at interpreter exit."""
+    spark = None
+    target = spark_or_cluster
+    if not isinstance(target, (str, Cluster)):
+        spark, target = target, cluster
+        if target is None:
+            raise InvalidConfigError("start(spark, cluster=URL): name the cluster the "
+                                     "coordinator serves")
+    elif cluster is not None:
+        raise InvalidConfigError("start(cluster_url) takes no cluster=; give one or the other")
+    if isinstance(target, str):
+        target = Cluster(target, create=False, **(cluster_options or {}))
+    coordinator = Coordinator(target, token=token, token_file=token_file, bind=bind,
+                              advertised_address=advertised_address, metrics_port=metrics_port,
+                              lease_ms=lease_ms, on_fenced=on_fenced, ticks=ticks)
+    watch = SessionWatch(spark, coordinator) if spark is not None else None
+    coordinator.start()
+    atexit.register(coordinator.stop)
+    if watch is not None:
+        watch.start()
+    return coordinator

@@ -1,0 +1,347 @@
+"""The coordinator service: one active process per cluster, by a lease in the metadata log.
+
+Why a lease and not a lock file: the metadata log is the one place every process already agrees
+on, and an epoch written there fences a deposed coordinator for good (replay rejects what an old
+epoch writes, docs/protocol.md), where a lock only says who should act. The process that holds
+the lease renews it every ``lease_ms / 3``; a standby retries taking it and gets it once it
+lapses (kill -9 of the active one) or is released (a clean stop), with the next epoch.
+
+A coordinator that learns it was fenced (``FencedCoordinatorError`` from a renewal or a
+maintenance hook), or whose own lease lapsed before a renewal got through, stops acting at once:
+mutating RPCs are refused and hooks are no longer called; then it stands by or ends
+(``on_fenced``). Maintenance hooks (``ticks``) run on their own thread, so a long run never
+delays a renewal.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Callable, List, Optional, Sequence
+
+from ..cluster.lease import (CoordinatorLease, acquire, current_lease, new_holder_id, release,
+                             renew)
+from ..errors import (CoordinatorLeaseHeldError, FencedCoordinatorError, InvalidConfigError,
+                      KafkaLogError)
+from .auth import resolve_token
+from .metrics import CoordinatorMetrics, metrics_url
+from .rpc import RpcServer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BIND = "127.0.0.1:0"
+DEFAULT_LEASE_MS = 10_000
+MIN_LEASE_MS = 100
+DEFAULT_TICK_INTERVAL_MS = 1_000
+ON_FENCED = ("standby", "exit")
+#: a standby retries no sooner than this after the holder's lease expiry, by its own clock
+TAKEOVER_SLACK_S = 0.01
+
+#: a maintenance hook (``MaintenanceScheduler.tick``): called every ``tick_interval_ms`` while
+#: this process is active, with now (seconds since the epoch, the cluster's clock); returns what
+#: it ran (runs with .kind and .ok, kind names, or {kind: count}) or None
+Tick = Callable[[int], object]
+
+
+class ClusterLeases:
+    """The lease of ``cluster/lease.py``, bound to one cluster. A constructor parameter of
+    :class:`Coordinator` so that a test can put a fake in its place."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    def now_ms(self) -> int:
+        return self.cluster.now_ms()
+
+    def current(self) -> Optional[CoordinatorLease]:
+        return current_lease(self.cluster.state())
+
+    def acquire(self, holder: str, address: str, lease_ms: int) -> CoordinatorLease:
+        return acquire(self.cluster, holder, address, lease_ms)
+
+    def renew(self, lease: CoordinatorLease) -> CoordinatorLease:
+        return renew(self.cluster, lease)
+
+    def release(self, lease: CoordinatorLease) -> None:
+        release(self.cluster, lease)
+
+
+def _split(bind: str):
+    host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InvalidConfigError(f"bind address {bind!r}: expected HOST:PORT (port 0: any free "
+                                 "port)")
+    return host.strip("[]"), int(port)
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reachable_host(host: str) -> str:
+    """The name clients use for a wildcard bind."""
+    return socket.getfqdn() if host in ("", "0.0.0.0", "::", "*") else host
+
+
+class Coordinator:
+    """The service; :meth:`start` it, :meth:`stop` it (releasing the lease). ``epoch`` is the
+    epoch it holds (None while it stands by). See the module docstring for the lease rules."""
+
+    def __init__(self, cluster, *, token: Optional[str] = None, token_file: Optional[str] = None,
+                 bind: str = DEFAULT_BIND, advertised_address: Optional[str] = None,
+                 metrics_port: Optional[int] = 0, lease_ms: int = DEFAULT_LEASE_MS,
+                 on_fenced: str = "standby", ticks: Sequence[Tick] = (),
+                 tick_interval_ms: int = DEFAULT_TICK_INTERVAL_MS, holder: Optional[str] = None,
+                 leases=None):
+        if on_fenced not in ON_FENCED:
+            raise InvalidConfigError(f"on_fenced must be one of {ON_FENCED}, got {on_fenced!r}")
+        if not isinstance(lease_ms, int) or lease_ms < MIN_LEASE_MS:
+            raise InvalidConfigError(f"lease_ms must be an integer >= {MIN_LEASE_MS}, got "
+                                     f"{lease_ms!r}")
+        if tick_interval_ms < 1:
+            raise InvalidConfigError(f"tick_interval_ms must be >= 1, got {tick_interval_ms}")
+        self.cluster = cluster
+        self._token = resolve_token(token, token_file)
+        self._bind_host, _ = _split(bind)
+        self.bind = bind
+        self.advertised_address = advertised_address
+        self.metrics_port = metrics_port
+        self.lease_ms = lease_ms
+        self.on_fenced = on_fenced
+        #: maintenance hooks; may be appended to before start()
+        self.ticks: List[Tick] = list(ticks)
+        self.tick_interval_ms = tick_interval_ms
+        self.holder = holder or new_holder_id()
+        self.leases = leases if leases is not None else ClusterLeases(cluster)
+        self.metrics = CoordinatorMetrics()
+        #: why the service ended: None while it runs, "stopped" or "fenced" (on_fenced="exit")
+        self.exit_reason: Optional[str] = None
+        self.address: Optional[str] = None
+        self.metrics_url: Optional[str] = None
+        self._lock = threading.Lock()
+        self._lease: Optional[CoordinatorLease] = None
+        self._held_until_ms: Optional[int] = None     # the other holder's expiry, while standby
+        self._stop = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self._rpc: Optional[RpcServer] = None
+        self._methods = {"Status": (self._status, False), "Ping": (self._ping, False)}
+        self._started_at: Optional[float] = None
+        self._closed = False
+
+    # -- state ----------------------------------------------------------------------------------
+
+    @property
+    def lease(self) -> Optional[CoordinatorLease]:
+        """The lease this process holds (a maintenance hook reads its epoch for its actions)."""
+        return self._lease
+
+    @property
+    def active(self) -> bool:
+        return self._lease is not None
+
+    @property
+    def epoch(self) -> Optional[int]:
+        lease = self._lease
+        return lease.epoch if lease else None
+
+    def add_method(self, name: str, handler: Callable[[dict], dict], *,
+                   mutating: bool = False) -> None:
+        """Serve one more RPC method (after start() too). ``mutating``: it acts on the
+        cluster, so it is refused with NOT_CONTROLLER whenever this process is not active."""
+        self._methods[name] = (handler, mutating)
+        if self._rpc is not None:
+            self._rpc.add_method(name, handler, mutating=mutating)
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    def start(self) -> "Coordinator":
+        """Serve RPC and metrics, try the lease once (so a free lease is held on return), then
+        keep renewing or retrying it in the background."""
+        self._started_at = time.monotonic()
+        self._rpc = RpcServer(self.bind, self._token, is_active=lambda: self.active,
+                              on_refusal=self.metrics.auth_failures.inc)
+        for name, (handler, mutating) in self._methods.items():
+            self._rpc.add_method(name, handler, mutating=mutating)
+        self._rpc.start()
+        self.address = self.advertised_address or _join(_reachable_host(self._bind_host),
+                                                        self._rpc.port)
+        try:
+            if self.metrics_port is not None:
+                port = self.metrics.serve(self._bind_host or "0.0.0.0", self.metrics_port)
+                self.metrics_url = metrics_url(self.address.rpartition(":")[0].strip("[]"),
+                                               port)
+            log.info("coordinator %s: RPC on %s, metrics at %s", self.holder, self.address,
+                     self.metrics_url or "(off)")
+            self._try_acquire()
+        except BaseException:
+            self._rpc.stop(None)
+            self.metrics.stop()
+            raise
+        self._spawn("kl-coordinator-lease", self._run_lease)
+        if self.ticks:
+            self._spawn("kl-coordinator-ticks", self._run_ticks)
+        return self
+
+    def _spawn(self, name: str, target) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def wait(self, timeout_s: Optional[float] = None) -> bool:
+        """Block until the service is asked to end (stop(), or fenced with on_fenced="exit")."""
+        return self._stop.wait(timeout_s)
+
+    def request_stop(self) -> None:
+        """Make :meth:`wait` return (safe in a signal handler); the waiter then calls stop()."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Stop acting, release the lease (a standby takes over at its next try, without waiting
+        for the lease to lapse), and close the endpoints. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.exit_reason is None:
+            self.exit_reason = "stopped"
+        self._stop.set()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+        with self._lock:
+            lease, self._lease = self._lease, None
+        self.metrics.active.set(0)
+        if lease is not None:
+            try:
+                self.leases.release(lease)
+                log.info("coordinator %s released epoch %d", self.holder, lease.epoch)
+            except FencedCoordinatorError as exc:
+                log.warning("coordinator %s: epoch %d was already superseded: %s", self.holder,
+                            lease.epoch, exc)
+            except Exception as exc:   # noqa: BLE001 - it lapses by itself within lease_ms
+                log.warning("coordinator %s could not release epoch %d (it lapses within "
+                            "%d ms): %s", self.holder, lease.epoch, self.lease_ms, exc)
+        if self._rpc is not None:
+            self._rpc.stop()
+        self.metrics.stop()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- the lease ------------------------------------------------------------------------------
+
+    def _run_lease(self) -> None:
+        interval_s = self.lease_ms / 3000
+        while not self._stop.wait(self._next_wait_s(interval_s)):
+            try:
+                if self._lease is None:
+                    self._try_acquire()
+                else:
+                    self._renew()
+            except Exception:   # noqa: BLE001 - the loop must outlive any one failure
+                log.exception("coordinator %s: lease step failed", self.holder)
+                self._step_down_if_lapsed()
+
+    def _next_wait_s(self, interval_s: float) -> float:
+        until = self._held_until_ms
+        if self._lease is not None or until is None:
+            return interval_s
+        return min(interval_s, max(0.0, (until - self.leases.now_ms()) / 1000) + TAKEOVER_SLACK_S)
+
+    def _try_acquire(self) -> None:
+        try:
+            lease = self.leases.acquire(self.holder, self.address, self.lease_ms)
+        except CoordinatorLeaseHeldError as exc:
+            if self._held_until_ms is None:
+                log.info("coordinator %s stands by: %s", self.holder, exc)
+            self._held_until_ms = exc.expires_ms if exc.expires_ms is not None else 0
+            return
+        except KafkaLogError as exc:
+            log.warning("coordinator %s could not take the lease: %s", self.holder, exc)
+            return
+        with self._lock:
+            if self._closed:                 # stop() ran meanwhile: hand it straight back
+                self.leases.release(lease)
+                return
+            self._lease = lease
+        self._held_until_ms = None
+        self.metrics.lease_acquisitions.inc()
+        self.metrics.epoch.set(lease.epoch)
+        self.metrics.active.set(1)
+        log.info("coordinator %s is active with epoch %d (lease %d ms)", self.holder,
+                 lease.epoch, lease.lease_ms)
+
+    def _renew(self) -> None:
+        held = self._lease
+        try:
+            renewed = self.leases.renew(held)
+        except FencedCoordinatorError as exc:
+            self.fence(f"epoch {held.epoch} was superseded: {exc}")
+            return
+        except Exception as exc:   # noqa: BLE001 - storage trouble: retry until the lease lapses
+            self.metrics.lease_renewal_failures.inc()
+            log.warning("coordinator %s could not renew epoch %d: %s", self.holder, held.epoch,
+                        exc)
+            self._step_down_if_lapsed()
+            return
+        with self._lock:
+            if self._lease is held:          # not fenced meanwhile by a maintenance hook
+                self._lease = renewed
+                self.metrics.lease_renewals.inc()
+
+    def _step_down_if_lapsed(self) -> None:
+        held = self._lease
+        if held is not None and self.leases.now_ms() >= held.expires_ms:
+            self.fence(f"its lease (epoch {held.epoch}) lapsed before a renewal got through")
+
+    def fence(self, reason: str) -> None:
+        """Stop acting at once: from here on mutating RPCs are refused and hooks are not
+        called. Then stand by, or end the service (``on_fenced="exit"``)."""
+        with self._lock:
+            if self._lease is None:
+                return
+            self._lease = None
+        self.metrics.active.set(0)
+        self.metrics.epoch.set(0)
+        self.metrics.fenced.inc()
+        log.error("coordinator %s stopped acting: %s", self.holder, reason)
+        if self.on_fenced == "exit":
+            self.exit_reason = "fenced"
+            self._stop.set()
+        else:
+            log.info("coordinator %s stands by", self.holder)
+
+    # -- maintenance hooks ----------------------------------------------------------------------
+
+    def _run_ticks(self) -> None:
+        while not self._stop.wait(self.tick_interval_ms / 1000):
+            for tick in list(self.ticks):
+                if self._lease is None or self._stop.is_set():
+                    break
+                try:
+                    self.metrics.count_runs(tick(self.leases.now_ms() / 1000))
+                except FencedCoordinatorError as exc:
+                    self.fence(f"maintenance hook {tick!r} was fenced: {exc}")
+                except Exception:   # noqa: BLE001 - one failing hook must not stop the others
+                    log.exception("coordinator %s: maintenance hook %r failed", self.holder, tick)
+
+    # -- RPC methods ----------------------------------------------------------------------------
+
+    def _status(self, request: dict) -> dict:
+        lease = self._lease
+        return {"holder": self.holder, "address": self.address, "active": lease is not None,
+                "epoch": lease.epoch if lease else None,
+                "lease_ms": self.lease_ms,
+                "lease_expires_ms": lease.expires_ms if lease else None,
+                "uptime_s": round(time.monotonic() - self._started_at, 3),
+                "cluster_id": getattr(self.cluster, "cluster_id", None),
+                "metrics_url": self.metrics_url, "metrics": self.metrics.summary()}
+
+    def _ping(self, request: dict) -> dict:
+        lease = self._lease
+        return {"holder": self.holder, "active": lease is not None,
+                "epoch": lease.epoch if lease else None, "time_ms": self.leases.now_ms()}
