@@ -17,7 +17,7 @@ from .. import __version__
 from ..errors import KafkaLogError
 from . import (cluster_data, cluster_groups, cluster_maint, cluster_metadata, cluster_topics,
                dump, produce, recover)
-from . import cluster_repair
+from . import cluster_repair, coordinator
 from .cluster_common import common_parent
 
 EXIT_USER_ERROR = 2
@@ -26,7 +26,7 @@ EXIT_DATA_ERROR = 1
 EPILOG = """\
 Log-dir commands: dump, recover, produce --log-dir DIR.
 Cluster commands (need --cluster URL): topics, produce, consume, offsets, delete-records,
-retention, groups, log-dirs, cleanup, repair, metadata, features.
+retention, groups, log-dirs, cleanup, repair, metadata, features, coordinator.
 
 Output of the cluster commands: an aligned table for people; with --json one JSON object per
 line (one per table row; topics --describe: one per topic). consume always prints JSON lines.
@@ -34,7 +34,8 @@ Exit status: 0 on success; 2 for a user error (a bad option or bad input: one li
 nothing changed); 1 for trouble with the data or the storage (corruption found, a cluster that
 needs a newer client, a write that lost to another, storage unavailable; also delete-records
 when a partition failed, dump when it found a problem, metadata --verify when the log is not
-sound). `kafkalog COMMAND --help` describes each command's columns.
+sound, coordinator --status when no coordinator is active or it does not answer).
+`kafkalog COMMAND --help` describes each command's columns.
 """
 
 
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_repair.add_parser(sub, common)
     cluster_metadata.add_parser(sub, common)
     cluster_metadata.add_features_parser(sub, common)
+    coordinator.add_parser(sub, common)
     return parser
 
 
