@@ -25,6 +25,7 @@ from cli_support import REPO, run_cli
 from pyspark_kafkalog.cluster import lease as L
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.coordinator import connect, start
+from pyspark_kafkalog.coordinator.config import coordinator_options, load_coordinator_config
 from pyspark_kafkalog.coordinator.embedded import session_stopped
 from pyspark_kafkalog.coordinator.rpc import CoordinatorClient, encode, decode, method_path
 from pyspark_kafkalog.coordinator.service import Coordinator
@@ -37,6 +38,7 @@ TOKEN = "0123456789abcdef" * 4
 LEASE_MS = 1500
 DEADLINE_S = 90.0
 CLI = [sys.executable, "-m", "pyspark_kafkalog.cli.main"]
+CONF = REPO / "conf"
 
 
 def eventually(predicate, what: str, deadline_s: float = DEADLINE_S):
@@ -345,10 +347,12 @@ def test_a_coordinator_stopped_mid_acquire_hands_the_lease_back(cluster):
 class Service:
     """``kafkalog --cluster URL --json coordinator …`` as a process; its announce line parsed."""
 
-    def __init__(self, url: str, token_file: str, *extra):
+    def __init__(self, url: str, *options):
+        """``options``: a token file (then the lease is LEASE_MS), or the command's options."""
+        if len(options) == 1:
+            options = ("--token-file", options[0], "--lease-ms", LEASE_MS)
         self.proc = subprocess.Popen(
-            [*CLI, "--cluster", url, "--json", "coordinator", "--token-file", token_file,
-             "--lease-ms", str(LEASE_MS), *extra],
+            [*CLI, "--cluster", url, "--json", "coordinator", *map(str, options)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": str(REPO)})
         self.err = []
@@ -426,11 +430,29 @@ def test_the_command_serves_answers_status_from_another_process_and_releases_on_
     assert rc == 1 and "CoordinatorNotAvailableError" in err and "released" in err
 
 
-def test_sigint_releases_too(url, cluster, token_file, services):
-    s = services(url, token_file)
+def test_sigint_releases_too_and_a_config_file_sets_the_service(url, cluster, token_file,
+                                                                  services, tmp_path):
+    conf = tmp_path / "coordinator.properties"
+    conf.write_text((CONF / "coordinator.properties").read_text()
+                    + f"coordinator.token.file={token_file}\ncoordinator.lease.ms=2500\n")
+    s = services(url, "--coordinator-config", conf)
+    assert s.announced["epoch"] == 1
+    assert L.current_lease(cluster.state()).lease_ms == 2500
     s.proc.send_signal(signal.SIGINT)
     assert s.proc.wait(timeout=DEADLINE_S) == 0, s.stderr()
     assert L.current_lease(cluster.state()).holder == ""
+
+
+def test_the_example_coordinator_config_is_what_the_service_takes(cluster, tmp_path):
+    opts = load_coordinator_config(str(CONF / "coordinator.properties"))
+    assert opts == {"bind": "127.0.0.1:0", "metrics_port": 0, "lease_ms": 10_000,
+                    "on_fenced": "standby"}
+    c = Coordinator(cluster, token=TOKEN, **opts)
+    assert (c.bind, c.lease_ms, c.on_fenced) == ("127.0.0.1:0", 10_000, "standby")
+    with pytest.raises(InvalidConfigError, match="coordinator.lease"):
+        coordinator_options({"coordinator.lease": "5"})
+    with pytest.raises(InvalidConfigError, match="integer"):
+        coordinator_options({"coordinator.lease.ms": "soon"})
 
 
 def test_kill_9_of_the_active_coordinator_lets_the_standby_take_over(url, cluster, token_file,
@@ -445,8 +467,9 @@ def test_kill_9_of_the_active_coordinator_lets_the_standby_take_over(url, cluste
     lease = eventually(lambda: (lambda l: l if l.epoch == 2 else None)(
         L.current_lease(cluster.state())), "the standby took the next epoch")
     assert lease.holder == b.announced["holder"] and lease.address == b.announced["address"]
-    rc, status, err = status_of(url, token_file)
-    assert rc == 0, err
+    rc, status, err = eventually(   # the lease is written a moment before b says it holds it
+        lambda: (lambda r: r if r[0] == 0 else None)(status_of(url, token_file)),
+        "status answered by the new coordinator")
     assert (status["epoch"], status["holder"], status["active"]) == (2, b.announced["holder"],
                                                                      True)
     assert b.terminate() == 0, b.stderr()

@@ -54,14 +54,21 @@ def add_parser(sub, parents) -> None:
                         "dies; renewed every N/3 (default 10000)")
     p.add_argument("--on-fenced", choices=("standby", "exit"), default=None,
                    help="when another took over: stand by (default) or exit with status 1")
+    p.add_argument("--coordinator-config", metavar="FILE", default=None,
+                   help="settings file (conf/coordinator.properties); the options above win")
     p.set_defaults(run=run_coordinator)
 
 
 def run_coordinator(args) -> int:
     if args.status:
         only_with(args, "--status", (), SERVICE_OPTIONS)
-        return run_status(args)
-    return run_service(args)
+    settings = {}
+    if args.coordinator_config:
+        from ..coordinator.config import load_coordinator_config
+        settings = load_coordinator_config(args.coordinator_config)
+    given = {name: getattr(args, name) for name in (*SERVICE_OPTIONS, "token_file")}
+    settings.update({k: v for k, v in given.items() if v is not None})
+    return run_status(args, settings) if args.status else run_service(args, settings)
 
 
 def _flat(metrics: dict) -> dict:
@@ -74,10 +81,10 @@ def _flat(metrics: dict) -> dict:
     return out
 
 
-def run_status(args) -> int:
+def run_status(args, settings: dict) -> int:
     from ..coordinator.discovery import connect
     cluster = open_admin(args, "coordinator --status").cluster
-    with connect(cluster, token_file=args.token_file) as client:
+    with connect(cluster, token_file=settings.get("token_file")) as client:
         answer = client.status()
     lease = client.lease
     row = {"epoch": lease.epoch, "holder": lease.holder, "address": lease.address,
@@ -92,19 +99,14 @@ def run_status(args) -> int:
     return 0
 
 
-def run_service(args) -> int:
-    from ..coordinator.service import DEFAULT_BIND, DEFAULT_LEASE_MS, Coordinator
+def run_service(args, settings: dict) -> int:
+    from ..coordinator.service import Coordinator
     from ..errors import FencedCoordinatorError
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cluster = open_admin(args, "coordinator").cluster
-    coordinator = Coordinator(
-        cluster, token_file=args.token_file, bind=args.bind or DEFAULT_BIND,
-        advertised_address=args.advertised_address,
-        metrics_port=0 if args.metrics_port is None else args.metrics_port,
-        lease_ms=DEFAULT_LEASE_MS if args.lease_ms is None else args.lease_ms,
-        on_fenced=args.on_fenced or "standby")
+    coordinator = Coordinator(cluster, **settings)
     ended = []
 
     def request_stop(signum, frame):

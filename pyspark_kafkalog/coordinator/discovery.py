@@ -62,11 +62,12 @@ def connect(cluster, token: Optional[str] = None, *, token_file: Optional[str] =
     client = CoordinatorClient(lease.address, token, timeout_s=timeout_s, lease=lease)
     try:
         pong = client.ping()
-        if pong.get("holder") != lease.holder or not pong.get("active"):
+        if (pong.get("holder"), pong.get("epoch"), pong.get("active")) != \
+                (lease.holder, lease.epoch, True):
             raise CoordinatorNotAvailableError(
                 f"{lease.address} is not the active coordinator the metadata log names "
-                f"({describe(lease, cluster.now_ms())}); it answers as {pong.get('holder')} "
-                f"({'active' if pong.get('active') else 'not active'})")
+                f"({describe(lease, cluster.now_ms())}); it answers as {pong.get('holder')}, "
+                f"epoch {pong.get('epoch')}, {'active' if pong.get('active') else 'not active'}")
     except BaseException:
         client.close()
         raise

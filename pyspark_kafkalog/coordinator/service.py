@@ -99,6 +99,9 @@ class Coordinator:
         if not isinstance(lease_ms, int) or lease_ms < MIN_LEASE_MS:
             raise InvalidConfigError(f"lease_ms must be an integer >= {MIN_LEASE_MS}, got "
                                      f"{lease_ms!r}")
+        if metrics_port is not None and not 0 <= metrics_port <= 65535:
+            raise InvalidConfigError(f"metrics port must be 0..65535 (0: any free port), got "
+                                     f"{metrics_port}")
         if tick_interval_ms < 1:
             raise InvalidConfigError(f"tick_interval_ms must be >= 1, got {tick_interval_ms}")
         self.cluster = cluster
