@@ -66,6 +66,10 @@ setup(
         "zstandard>=0.21",
         "cramjam>=2.7",
         "fsspec>=2024.2",
+        # the coordinator service only (pyspark_kafkalog/coordinator: RPC and metrics); nothing
+        # else imports them
+        "grpcio>=1.59",
+        "prometheus-client>=0.20",
     ],
     extras_require={
         "test": [
