@@ -7,11 +7,14 @@ or the spark-submit jobs. The scheduler only decides *when*: every job calls the
 CLI, the Admin API and ``jobs/`` call (``cluster.maintenance``, ``cluster.checkpoints``,
 ``cluster.groups.consumed_offsets``), so a rule still lives in one place.
 
-Fencing is not the scheduler's business. It knows nothing of leases: the coordinator service
-calls :meth:`MaintenanceScheduler.tick` only while it holds the lease, so normally one process
-runs these jobs. That is about not doing the work twice, not about correctness: every job here is
-safe when two processes run it at once, or when a deposed coordinator finishes a run it started
-before its lease lapsed (see docs/user-guide.md, "Scheduled maintenance", and
+The scheduler knows nothing of leases: the coordinator service calls
+:meth:`MaintenanceScheduler.tick` only while it holds the lease, and passes ``active`` so that a
+tick starts no further job once the service was fenced or asked to stop. A
+``FencedCoordinatorError`` from a job is not one job's failure but news that this process was
+deposed, so it is never caught here: it reaches the service, which fences itself. Running only on
+the lease holder is about not doing the work twice, not about correctness: every job here is safe
+when two processes run it at once, or when a deposed coordinator finishes a run it started before
+its lease lapsed (see docs/user-guide.md, "Scheduled maintenance", and
 ``cluster/maintenance.py``): log start offsets only ever rise through the metadata log, and a file
 is deleted only on the metadata's positive evidence that no reader may select it.
 
@@ -29,7 +32,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 from ..cluster.checkpoints import sync_checkpoints
 from ..cluster.groups import consumed_offsets, validate_group_id
 from ..cluster.maintenance import FanOut, collect_garbage, delete_records, retention, serial
-from ..errors import InvalidConfigError, KafkaLogError
+from ..errors import FencedCoordinatorError, InvalidConfigError, KafkaLogError
 from ..format.checkpoint import parse_properties, validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -128,7 +131,9 @@ def parse_delete_after_consumption(text: str) -> Dict[str, Tuple[str, ...]]:
 
 
 def load_scheduler_config(path: str) -> SchedulerConfig:
-    """A properties file (``conf/maintenance.properties``), read as Java reads one."""
+    """A properties file of the scheduler's keys only, read as Java reads one. The coordinator
+    reads them from its own settings file instead (``conf/coordinator.properties``,
+    ``coordinator/config.py``)."""
     try:
         with open(path, encoding="latin-1") as f:
             text = f.read()
@@ -158,13 +163,17 @@ class MaintenanceScheduler:
     whatever the tick rate; a job that fails is retried one interval later."""
 
     def __init__(self, cluster, config: Union[SchedulerConfig, Mapping[str, object], None] = None,
-                 *, clock: Callable[[], float] = time.time, fan_out: FanOut = serial):
+                 *, clock: Callable[[], float] = time.time, fan_out: FanOut = serial,
+                 active: Callable[[], bool] = lambda: True):
         """``config``: a ``SchedulerConfig`` or a properties mapping; ``clock``: seconds, what
         ``tick`` is called with; ``fan_out``: how retention and deletion spread per-partition
-        work (``jobs/_common.spark_fan_out`` puts it on Spark executors)."""
+        work (``jobs/_common.spark_fan_out`` puts it on Spark executors); ``active``: asked
+        before each job, a false answer ends the tick (the coordinator: while it holds the
+        lease and is not stopping), leaving the remaining jobs due."""
         if not isinstance(config, SchedulerConfig):
             config = SchedulerConfig.from_properties(config)
         self.cluster, self.config, self.clock, self.fan_out = cluster, config, clock, fan_out
+        self.active = active
         start = clock()
         self._next: Dict[str, float] = {}
         for kind in KINDS:
@@ -181,13 +190,17 @@ class MaintenanceScheduler:
 
     def tick(self, now: Optional[float] = None) -> List[MaintenanceRun]:
         """Run the jobs due at ``now`` (default: ``clock()``), each wrapped so that a failure is
-        logged at WARNING and reported, and neither stops the others nor escapes."""
+        logged at WARNING and reported, and neither stops the others nor escapes; except
+        ``FencedCoordinatorError``, which ends the tick and propagates (the caller was deposed
+        and must run nothing more)."""
         now = self.clock() if now is None else now
         runs = []
         for kind in KINDS:
             due = self._next.get(kind)
             if due is None or now < due:
                 continue
+            if not self.active():
+                break
             runs.append(self._run(kind, now))
             self._next[kind] = now + self.config.interval_ms(kind) / 1000.0
         return runs
@@ -196,6 +209,8 @@ class MaintenanceScheduler:
         t0 = time.perf_counter()
         try:
             changed, problem = self._jobs[kind]()
+        except FencedCoordinatorError:
+            raise                     # deposed: the service fences itself (and logs it)
         except Exception as exc:      # noqa: BLE001 - one job's failure must not stop the rest
             name = getattr(exc, "error_name", type(exc).__name__)
             log.warning("scheduled %s failed: %s: %s", kind, name, exc,
