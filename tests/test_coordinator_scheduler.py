@@ -268,9 +268,15 @@ def test_policy_parsing_and_defaults():
                                            ).interval_ms(DELETE_AFTER_CONSUMPTION) is None
 
 
-def test_the_example_config_in_conf_is_valid(admin):
-    cfg = load_scheduler_config(str(CONF / "maintenance.properties"))
-    assert cfg == SchedulerConfig()            # it spells out the defaults
+def test_the_example_config_in_conf_is_valid(admin, tmp_path):
+    from pyspark_kafkalog.coordinator.config import load_coordinator_config
+    # the scheduler's keys live in the coordinator's one settings file, spelling out the defaults
+    cfg = load_coordinator_config(str(CONF / "coordinator.properties"))["maintenance_config"]
+    assert cfg == SchedulerConfig()
+    only = tmp_path / "maintenance.properties"
+    only.write_text("".join(line for line in (CONF / "coordinator.properties").open()
+                            if line.split("=")[0].strip() in sched.KEYS))
+    assert load_scheduler_config(str(only)) == cfg
     assert MaintenanceScheduler(admin.cluster, cfg, clock=Clock()).tick(T0) == []
     with pytest.raises(InvalidConfigError, match="cannot read maintenance config"):
         load_scheduler_config(str(CONF / "missing.properties"))

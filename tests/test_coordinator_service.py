@@ -28,6 +28,7 @@ from pyspark_kafkalog.coordinator import connect, start
 from pyspark_kafkalog.coordinator.config import coordinator_options, load_coordinator_config
 from pyspark_kafkalog.coordinator.embedded import session_stopped
 from pyspark_kafkalog.coordinator.rpc import CoordinatorClient, encode, decode, method_path
+from pyspark_kafkalog.coordinator.scheduler import SchedulerConfig
 from pyspark_kafkalog.coordinator.service import Coordinator
 from pyspark_kafkalog.errors import (CoordinatorAuthenticationError,
                                      CoordinatorLeaseHeldError, CoordinatorNotAvailableError,
@@ -446,7 +447,8 @@ def test_sigint_releases_too_and_a_config_file_sets_the_service(url, cluster, to
 def test_the_example_coordinator_config_is_what_the_service_takes(cluster, tmp_path):
     opts = load_coordinator_config(str(CONF / "coordinator.properties"))
     assert opts == {"bind": "127.0.0.1:0", "metrics_port": 0, "lease_ms": 10_000,
-                    "on_fenced": "standby"}
+                    "on_fenced": "standby", "maintenance": True,
+                    "maintenance_config": SchedulerConfig()}
     c = Coordinator(cluster, token=TOKEN, **opts)
     assert (c.bind, c.lease_ms, c.on_fenced) == ("127.0.0.1:0", 10_000, "standby")
     with pytest.raises(InvalidConfigError, match="coordinator.lease"):

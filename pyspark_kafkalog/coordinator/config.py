@@ -1,14 +1,18 @@
-"""The coordinator's settings from a Java-properties file (conf/coordinator.properties).
+"""The coordinator's settings from one Java-properties file (conf/coordinator.properties).
 
-Settings of the service process only: which port, which token file, how long the lease. Unknown
-keys are errors, so a typo never silently falls back to a default. Command-line options win.
+One file for the whole service, as a broker has one server.properties: the service process's
+own keys (which port, which token file, how long the lease; ``KEYS`` here) and the scheduled
+maintenance's (``scheduler.KEYS``, handed to the ``MaintenanceScheduler`` as one
+``SchedulerConfig``). A key neither knows is an error naming it, so a typo never silently falls
+back to a default. Command-line options and keyword arguments win over the file.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Mapping
 
 from ..errors import InvalidConfigError
 from ..format.checkpoint import parse_properties
+from .scheduler import KEYS as MAINTENANCE_KEYS, SchedulerConfig
 
 #: property -> (Coordinator keyword, type)
 KEYS = {"coordinator.bind": ("bind", str),
@@ -16,19 +20,27 @@ KEYS = {"coordinator.bind": ("bind", str),
         "coordinator.metrics.port": ("metrics_port", int),
         "coordinator.token.file": ("token_file", str),
         "coordinator.lease.ms": ("lease_ms", int),
-        "coordinator.on.fenced": ("on_fenced", str)}
+        "coordinator.on.fenced": ("on_fenced", str),
+        "coordinator.maintenance.enable": ("maintenance", bool)}
+#: every key the file may hold
+ALL_KEYS = frozenset(KEYS) | MAINTENANCE_KEYS
 
 
-def coordinator_options(props: Dict[str, str]) -> Dict[str, Any]:
+def coordinator_options(props: Mapping[str, str]) -> Dict[str, Any]:
     """Map properties to ``Coordinator(cluster, **options)`` keyword arguments (an empty
-    value: the default)."""
+    value: the default). The scheduled maintenance's keys, if any, become one
+    ``maintenance_config`` (a ``SchedulerConfig``), checked here."""
     out: Dict[str, Any] = {}
+    maintenance: Dict[str, str] = {}
     for key, value in props.items():
+        if key in MAINTENANCE_KEYS:
+            maintenance[key] = value
+            continue
         if key not in KEYS:
             raise InvalidConfigError(f"unknown coordinator setting {key!r}; known: "
-                                     f"{sorted(KEYS)}")
+                                     f"{sorted(ALL_KEYS)}")
         name, kind = KEYS[key]
-        value = value.strip()
+        value = str(value).strip()
         if not value:
             continue
         if kind is int:
@@ -36,7 +48,13 @@ def coordinator_options(props: Dict[str, str]) -> Dict[str, Any]:
                 value = int(value)
             except ValueError:
                 raise InvalidConfigError(f"{key} must be an integer, got {value!r}") from None
+        elif kind is bool:                 # as Kafka's ConfigDef reads a BOOLEAN
+            if value.lower() not in ("true", "false"):
+                raise InvalidConfigError(f"{key} must be true or false, got {value!r}")
+            value = value.lower() == "true"
         out[name] = value
+    if maintenance:
+        out["maintenance_config"] = SchedulerConfig.from_properties(maintenance)
     return out
 
 
