@@ -1,5 +1,6 @@
-"""``kafkalog --cluster URL coordinator``: the coordinator service in the foreground, and
-``coordinator --status``: which one is active, and its own answer.
+"""``kafkalog --cluster URL coordinator``: the coordinator service in the foreground (with the
+scheduled maintenance unless ``--no-maintenance``), and ``coordinator --status``: which one is
+active, and its own answer.
 
 The service runs until SIGTERM or SIGINT, then releases its lease (a standby takes over at once)
 and exits 0. gRPC and prometheus_client are imported only here, when the command runs.
@@ -17,7 +18,7 @@ STATUS_COLUMNS = columns("epoch", "holder", "address", "lease_expires", "active"
                          "metrics_url", "metrics")
 SERVICE_OPTIONS = {"bind": "--bind", "advertised_address": "--advertised-address",
                    "metrics_port": "--metrics-port", "lease_ms": "--lease-ms",
-                   "on_fenced": "--on-fenced"}
+                   "on_fenced": "--on-fenced", "no_maintenance": "--no-maintenance"}
 
 
 def add_parser(sub, parents) -> None:
@@ -26,7 +27,10 @@ def add_parser(sub, parents) -> None:
         description="Run the cluster's coordinator in the foreground: it serves authenticated "
                     "gRPC and Prometheus metrics, and acts only while it holds the lease in the "
                     "metadata log (a second one stands by and takes over when the lease lapses "
-                    "or is released). SIGTERM or SIGINT: release the lease and exit 0. "
+                    "or is released). While active it runs the scheduled maintenance "
+                    "(retention every log.retention.check.interval.ms, cleanup, checkpoint "
+                    "rewrites, deletion after consumption), unless --no-maintenance. "
+                    "SIGTERM or SIGINT: release the lease and exit 0. "
                     "--status: the active coordinator's lease and its Status answer. The token: "
                     "--token-file F, else $KAFKALOG_COORDINATOR_TOKEN; there is no "
                     "unauthenticated mode. See docs/coordinator.md.",
@@ -54,8 +58,13 @@ def add_parser(sub, parents) -> None:
                         "dies; renewed every N/3 (default 10000)")
     p.add_argument("--on-fenced", choices=("standby", "exit"), default=None,
                    help="when another took over: stand by (default) or exit with status 1")
+    p.add_argument("--no-maintenance", action="store_true",
+                   help="do not run the scheduled maintenance (retention, cleanup, checkpoint "
+                        "rewrites, deletion after consumption); the service still holds the "
+                        "lease and serves")
     p.add_argument("--coordinator-config", metavar="FILE", default=None,
-                   help="settings file (conf/coordinator.properties); the options above win")
+                   help="settings file of the service and its scheduled maintenance "
+                        "(conf/coordinator.properties); the options above win")
     p.set_defaults(run=run_coordinator)
 
 
@@ -66,8 +75,11 @@ def run_coordinator(args) -> int:
     if args.coordinator_config:
         from ..coordinator.config import load_coordinator_config
         settings = load_coordinator_config(args.coordinator_config)
-    given = {name: getattr(args, name) for name in (*SERVICE_OPTIONS, "token_file")}
+    given = {name: getattr(args, name) for name in (*SERVICE_OPTIONS, "token_file")
+             if name != "no_maintenance"}
     settings.update({k: v for k, v in given.items() if v is not None})
+    if args.no_maintenance:
+        settings["maintenance"] = False
     return run_status(args, settings) if args.status else run_service(args, settings)
 
 
@@ -131,12 +143,15 @@ def run_service(args, settings: dict) -> int:
 
 def _announce(args, coordinator) -> None:
     obj = {"holder": coordinator.holder, "address": coordinator.address,
-           "metrics_url": coordinator.metrics_url, "epoch": coordinator.epoch}
+           "metrics_url": coordinator.metrics_url, "epoch": coordinator.epoch,
+           "maintenance": coordinator.maintenance_intervals()}
     if args.json:
         emit_json(obj)
     else:
         state = (f"active with epoch {coordinator.epoch}" if coordinator.epoch is not None
                  else "standing by")
+        if obj["maintenance"] is None:
+            state += ", scheduled maintenance off"
         sys.stdout.write(f"Coordinator {obj['holder']} serving on {obj['address']}, metrics at "
                          f"{obj['metrics_url']}: {state}.\n")
     sys.stdout.flush()

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Union
 
 from ..cluster.cluster import Cluster
 from ..errors import InvalidConfigError
-from .service import DEFAULT_BIND, DEFAULT_LEASE_MS, Coordinator, Tick
+from .config import coordinator_options, load_coordinator_config
+from .service import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +62,19 @@ class SessionWatch:
                 return
 
 
-def start(spark_or_cluster, *, cluster=None, token: Optional[str] = None,
-          token_file: Optional[str] = None, bind: str = DEFAULT_BIND,
-          advertised_address: Optional[str] = None, metrics_port: Optional[int] = 0,
-          lease_ms: int = DEFAULT_LEASE_MS, on_fenced: str = "standby",
-          ticks: Sequence[Tick] = (), cluster_options: Optional[dict] = None) -> Coordinator:
+def start(spark_or_cluster, *, cluster=None,
+          config: Union[str, os.PathLike, Mapping[str, str], None] = None,
+          cluster_options: Optional[dict] = None, **options) -> Coordinator:
     """Start a coordinator in a background thread of this process and return it (``.stop()``,
     ``.address``, ``.metrics_url``, ``.epoch``: None while it stands by).
 
     ``spark_or_cluster``: a SparkSession (then ``cluster=`` names the cluster, and the
-    coordinator stops when the session does), a cluster URL, or a :class:`Cluster`. The other
-    arguments are :class:`Coordinator`'s. It always stops at interpreter exit."""
+    coordinator stops when the session does), a cluster URL, or a :class:`Cluster`. ``config``:
+    the settings file (``conf/coordinator.properties``: the service's keys and the scheduled
+    maintenance's), or those properties as a mapping. The other keyword arguments are
+    :class:`Coordinator`'s (``token``, ``token_file``, ``bind``, ``lease_ms``, ``maintenance``,
+    ``maintenance_config``, ``ticks``, ...) and win over ``config``. It always stops at
+    interpreter exit."""
     spark = None
     target = spark_or_cluster
     if not isinstance(target, (str, Cluster)):
@@ -82,9 +86,13 @@ def start(spark_or_cluster, *, cluster=None, token: Optional[str] = None,
         raise InvalidConfigError("start(cluster_url) takes no cluster=; give one or the other")
     if isinstance(target, str):
         target = Cluster(target, create=False, **(cluster_options or {}))
-    coordinator = Coordinator(target, token=token, token_file=token_file, bind=bind,
-                              advertised_address=advertised_address, metrics_port=metrics_port,
-                              lease_ms=lease_ms, on_fenced=on_fenced, ticks=ticks)
+    settings = {}
+    if isinstance(config, Mapping):
+        settings = coordinator_options(config)
+    elif config is not None:
+        settings = load_coordinator_config(os.fspath(config))
+    settings.update(options)
+    coordinator = Coordinator(target, **settings)
     watch = SessionWatch(spark, coordinator) if spark is not None else None
     coordinator.start()
     atexit.register(coordinator.stop)

@@ -11,6 +11,13 @@ maintenance hook), or whose own lease lapsed before a renewal got through, stops
 mutating RPCs are refused and hooks are no longer called; then it stands by or ends
 (``on_fenced``). Maintenance hooks (``ticks``) run on their own thread, so a long run never
 delays a renewal.
+
+Scheduled maintenance (retention, cleanup, checkpoint rewrites, deletion after consumption) is
+on by default: the service builds a ``MaintenanceScheduler`` and makes its ``tick`` the first
+hook. The scheduler reads the same clock the hooks are called with (the cluster's, in seconds),
+so "an interval after the last run" means one thing; it asks the service before each job whether
+it still acts, and lets a job's ``FencedCoordinatorError`` through so that the service fences
+itself. ``maintenance=False`` leaves it out (another process runs the jobs, or nobody does).
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence, Union
 
 from ..cluster.lease import (CoordinatorLease, acquire, current_lease, new_holder_id, release,
                              renew)
@@ -27,6 +34,7 @@ from ..errors import (CoordinatorLeaseHeldError, FencedCoordinatorError, Invalid
 from .auth import resolve_token
 from .metrics import CoordinatorMetrics, metrics_url
 from .rpc import RpcServer
+from .scheduler import KINDS, MaintenanceScheduler, SchedulerConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +101,10 @@ class Coordinator:
                  metrics_port: Optional[int] = 0, lease_ms: int = DEFAULT_LEASE_MS,
                  on_fenced: str = "standby", ticks: Sequence[Tick] = (),
                  tick_interval_ms: int = DEFAULT_TICK_INTERVAL_MS, holder: Optional[str] = None,
-                 leases=None):
+                 leases=None, maintenance: bool = True,
+                 maintenance_config: Union[SchedulerConfig, Mapping[str, object], None] = None):
+        """``maintenance``: run the scheduled maintenance (default); ``maintenance_config``: its
+        settings, a ``SchedulerConfig`` or properties (default: Kafka's intervals)."""
         if on_fenced not in ON_FENCED:
             raise InvalidConfigError(f"on_fenced must be one of {ON_FENCED}, got {on_fenced!r}")
         if not isinstance(lease_ms, int) or lease_ms < MIN_LEASE_MS:
@@ -112,11 +123,16 @@ class Coordinator:
         self.metrics_port = metrics_port
         self.lease_ms = lease_ms
         self.on_fenced = on_fenced
-        #: maintenance hooks; may be appended to before start()
-        self.ticks: List[Tick] = list(ticks)
         self.tick_interval_ms = tick_interval_ms
         self.holder = holder or new_holder_id()
         self.leases = leases if leases is not None else ClusterLeases(cluster)
+        #: the scheduled maintenance (None when off); its tick is the first hook
+        self.scheduler: Optional[MaintenanceScheduler] = None
+        if maintenance:
+            self.scheduler = MaintenanceScheduler(cluster, maintenance_config, clock=self._now_s,
+                                                  active=self._may_act)
+        #: maintenance hooks; may be appended to before start()
+        self.ticks: List[Tick] = ([self.scheduler.tick] if self.scheduler else []) + list(ticks)
         self.metrics = CoordinatorMetrics()
         #: why the service ended: None while it runs, "stopped" or "fenced" (on_fenced="exit")
         self.exit_reason: Optional[str] = None
@@ -176,6 +192,9 @@ class Coordinator:
                                                port)
             log.info("coordinator %s: RPC on %s, metrics at %s", self.holder, self.address,
                      self.metrics_url or "(off)")
+            log.info("coordinator %s: scheduled maintenance %s", self.holder,
+                     ", ".join(f"{k} every {ms} ms" for k, ms in self.maintenance_intervals()
+                               .items()) if self.scheduler else "off")
             self._try_acquire()
         except BaseException:
             self._rpc.stop(None)
@@ -320,13 +339,27 @@ class Coordinator:
 
     # -- maintenance hooks ----------------------------------------------------------------------
 
+    def _now_s(self) -> float:
+        """The cluster's clock in seconds: what hooks are called with and the scheduler reads."""
+        return self.leases.now_ms() / 1000
+
+    def _may_act(self) -> bool:
+        return self._lease is not None and not self._stop.is_set()
+
+    def maintenance_intervals(self) -> Optional[dict]:
+        """{kind: interval_ms} of the scheduled jobs that run; None when maintenance is off."""
+        if self.scheduler is None:
+            return None
+        config = self.scheduler.config
+        return {k: config.interval_ms(k) for k in KINDS if config.interval_ms(k) is not None}
+
     def _run_ticks(self) -> None:
         while not self._stop.wait(self.tick_interval_ms / 1000):
             for tick in list(self.ticks):
-                if self._lease is None or self._stop.is_set():
+                if not self._may_act():
                     break
                 try:
-                    self.metrics.count_runs(tick(self.leases.now_ms() / 1000))
+                    self.metrics.count_runs(tick(self._now_s()))
                 except FencedCoordinatorError as exc:
                     self.fence(f"maintenance hook {tick!r} was fenced: {exc}")
                 except Exception:   # noqa: BLE001 - one failing hook must not stop the others
@@ -342,7 +375,8 @@ class Coordinator:
                 "lease_expires_ms": lease.expires_ms if lease else None,
                 "uptime_s": round(time.monotonic() - self._started_at, 3),
                 "cluster_id": getattr(self.cluster, "cluster_id", None),
-                "metrics_url": self.metrics_url, "metrics": self.metrics.summary()}
+                "metrics_url": self.metrics_url, "metrics": self.metrics.summary(),
+                "maintenance": self.maintenance_intervals()}
 
     def _ping(self, request: dict) -> dict:
         lease = self._lease
