@@ -216,3 +216,33 @@ def test_data_loss_inside_a_packed_task_names_the_partition_and_range(tmp_path):
     got = [p for b in lenient.read(KafkaLogInputPartition(splits[0].value))
            for p in b.column("partition").to_pylist()]
     assert sorted(set(got)) == sorted({0, 1, 2} - {victim.partition}) and len(got) == 10
+
+
+def test_a_packed_task_opens_its_partitions_from_the_planners_listing(tmp_path, monkeypatch):
+    """The planner listed every partition's segments: the task reads from that listing (no
+    listing of its own) and, the segments being mapped, reads no offset index to bound its
+    chunks; the rows are the same."""
+    from pyspark_kafkalog.admin import Admin
+    from pyspark_kafkalog.format.records import Record
+    from pyspark_kafkalog.spark.read_options import ReadOptions
+    from pyspark_kafkalog.spark.reader import KafkaLogInputPartition, KafkaLogReader
+    from pyspark_kafkalog.storage.local import LocalStorage
+    root = str(tmp_path / "c")
+    admin = Admin(root)
+    admin.create_topic("many", 20)
+    for p in range(20):
+        admin.produce("many", [Record(b"k", b"v%d" % i, 1_700_000_000_000) for i in range(7)],
+                      partition=p)
+    reader = KafkaLogReader(ReadOptions.parse({"path": root, "subscribe": "many"}), None)
+    splits = reader.partitions()
+    calls = []
+    for name in ("list", "read", "read_into", "map"):
+        real = getattr(LocalStorage, name)
+        monkeypatch.setattr(LocalStorage, name, lambda self, path, *a, _r=real, _n=name, **k:
+                            (calls.append((_n, path)), _r(self, path, *a, **k))[1])
+    got = [(p, o) for s in splits for b in reader.read(KafkaLogInputPartition(s.value))
+           for p, o in zip(b.column("partition").to_pylist(), b.column("offset").to_pylist())]
+    assert sorted(got) == [(p, o) for p in range(20) for o in range(7)]
+    assert not [c for c in calls if c[0] == "list"]
+    assert not [c for c in calls if c[1].endswith((".index", ".timeindex"))]
+    assert {c[0] for c in calls} == {"map"}

@@ -20,6 +20,8 @@ what is still there.
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Iterator, Optional
 
 from ..errors import CorruptRecordError, OffsetOutOfRangeError, StorageNotFoundError
@@ -32,6 +34,7 @@ from ..log.transactions import aborted_mask
 DEFAULT_MAX_BYTES = 1 << 20
 
 
+@functools.lru_cache(maxsize=2)
 def arrow_schema(include_headers: bool):
     """Spark's Kafka source schema as Arrow (what ``to_arrow_schema(..., timezone="UTC")``
     makes of ``datasource.kafka_schema``)."""
@@ -43,6 +46,20 @@ def arrow_schema(include_headers: bool):
         fields.append(("headers", pa.list_(pa.field("element", pa.struct(
             [("key", pa.string()), ("value", pa.binary())])))))
     return pa.schema(fields)
+
+
+def _stop(seg, end: int, limit: int, mapped: bool) -> int:
+    """Where a chunk's read may stop. A mapped segment costs nothing past ``end`` (the walk
+    stops at the first entry beyond it), so only a copying read is bounded, through the offset
+    index: reading every small partition's index just for that was ~10% of a packed task."""
+    return limit if mapped else _end_bound(seg, end, limit)
+
+
+def _unread(seg, mapped: bool, n: int) -> None:
+    """A mapped chunk's bytes past its last whole entry below ``end`` were never touched (only
+    the header that ends the walk): they are not counted as read."""
+    if mapped and n > 0:
+        seg.stats.log_bytes -= n
 
 
 def _end_bound(seg, end: int, limit: int) -> int:
@@ -112,19 +129,22 @@ def _read_chunk(seg, offset: int, end: int, max_bytes: int, position: Optional[i
     last). If a single entry there is larger than ``max_bytes``, its header is read to size it.
     """
     size = seg.size()
+    mapped = mapped and seg.mapped()
     if position is not None and position < size:
-        stop = _end_bound(seg, end, min(size, position + max_bytes))
+        stop = _stop(seg, end, min(size, position + max_bytes), mapped)
         data = _read_bytes(seg, position, stop, mapped)
         length, last_offset = _whole_entries(data, end, seg, position, previous_last_offset)
+        _unread(seg, mapped, len(data) - length)
         if length:
             return data[:length], position, last_offset
     first = seg.find_batch(offset)
     if first is None:
         return None
-    stop = _end_bound(seg, end, min(size, first.position + max_bytes))
+    stop = _stop(seg, end, min(size, first.position + max_bytes), mapped)
     data = _read_bytes(seg, first.position, max(stop, first.end), mapped)
     length, last_offset = _whole_entries(data, end, seg, first.position,
                                          seg.base_offset - 1 if first.position == 0 else None)
+    _unread(seg, mapped, len(data) - length)
     if not length:
         return None
     return data[:length], first.position, last_offset
@@ -144,10 +164,19 @@ class _Constants:
         import numpy as np
         import pyarrow as pa
         if n > self._n:
-            self._n = max(n, 2 * self._n)
-            self._topic = pa.repeat(self.topic, self._n)
+            self._n = max(n, 2 * self._n, 1 << (n - 1).bit_length())
+            self._topic = _topic_column(self.topic, self._n)
             self._partition = pa.array(np.full(self._n, self.partition, dtype=np.int32))
         return self._topic.slice(0, n), self._partition.slice(0, n)
+
+
+@functools.lru_cache(maxsize=64)
+def _topic_column(topic: str, n: int):
+    """One topic's column, shared by the ranges of a packed task (a task reads hundreds of
+    small partitions of one topic: building it per range was ~10% of such a task). Lengths
+    are rounded up to a power of two so that ranges of similar size share one array."""
+    import pyarrow as pa
+    return pa.repeat(topic, n)
 
 
 def _assemble(arrays: dict, offsets, consts: _Constants, schema, include_headers: bool,
@@ -263,6 +292,7 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
     consts = _Constants(handle.topic, handle.partition)
     segments = log.segments
     i = log.segment_for(offset) or 0
+    relisted = handle.segments is None   # opened from the planner's listing until a miss
     position = None   # where the next entry of segments[i] starts, once a chunk was read there
     last_offset = None   # the last offset of the chunk read before, at position
     while offset < end:
@@ -284,6 +314,12 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
             chunk = _read_chunk(seg, offset, end, max_bytes, position, handle.immutable,
                                 last_offset)
         except StorageNotFoundError:
+            if not relisted:   # the planner's listing is stale: look again before judging
+                relisted = True
+                log.refresh()
+                segments = log.segments
+                i, position = log.segment_for(offset) or 0, None
+                continue
             if fail_on_data_loss:
                 raise lost(f"segment {seg.log_path} (offsets from {seg.base_offset}) was "
                            "deleted") from None

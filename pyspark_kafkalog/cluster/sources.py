@@ -82,6 +82,9 @@ class PartitionHandle:
     configs: Dict[str, str] = field(default_factory=dict)
     #: cluster only: the partition's replayed state (committed ranges pick the segments)
     state: Optional[dict] = None
+    #: ``(base offset, .log size)`` of its segments as the planner listed them: the task
+    #: opens the log from this instead of listing it again (``PartitionLog``'s ``listing``)
+    segments: Optional[List[Tuple[int, int]]] = None
 
     @property
     def immutable(self) -> bool:
@@ -112,9 +115,9 @@ class PartitionHandle:
             ps = PartitionState.from_json(self.state)
             return PartitionLog(storage, self.dir, config, log_start_offset=ps.log_start_offset,
                                 stats=stats, segment_filter=ps.segment_visible,
-                                high_watermark=self.high_watermark)
+                                high_watermark=self.high_watermark, listing=self.segments)
         return PartitionLog(storage, self.dir, config, log_start_offset=self.log_start_offset,
-                            stats=stats)
+                            stats=stats, listing=self.segments)
 
 
 class ReadSource:
@@ -168,7 +171,9 @@ class ClusterSource(ReadSource):
             self.cluster.partition_dir(topic, partition, state=self.state),
             ps.log_start_offset, ps.high_watermark,
             dict(self.state.topics[topic]["configs"]), ps.to_json())
-        return handle, handle.open(stats)
+        log = handle.open(stats)
+        handle.segments = log.listing()
+        return handle, log
 
 
 class LogDirSource(ReadSource):
@@ -206,7 +211,7 @@ class LogDirSource(ReadSource):
         end = log.log_end_offset
         hw = end if self.read_to_log_end or tp not in self._hw else min(self._hw[tp], end)
         handle = PartitionHandle(LOGDIR, self.url, self.storage_options, topic, partition, path,
-                                 start, max(hw, start))
+                                 start, max(hw, start), segments=log.listing())
         return handle, log
 
 

@@ -62,12 +62,16 @@ class PartitionLog:
     def __init__(self, storage, dir_path: str, config: Optional[LogConfig] = None, *,
                  log_start_offset: Optional[int] = None, stats: Optional[ReadStats] = None,
                  segment_filter=None, high_watermark: Optional[int] = None,
-                 next_visible=None):
+                 next_visible=None, listing: Optional[Sequence[Tuple[int, int]]] = None):
         """``segment_filter(base_offset) -> bool`` hides segments (the cluster protocol shows only
         committed ones); ``high_watermark``, when given, is authoritative for reads.
         ``next_visible(offset)``, when given, is the first offset >= ``offset`` that the reader's
         metadata says holds data (or None): data it promises that no listed segment holds was
-        deleted after that metadata was read, and is an OffsetOutOfRangeError, never skipped."""
+        deleted after that metadata was read, and is an OffsetOutOfRangeError, never skipped.
+        ``listing``: ``(base offset, .log size)`` of the segments as a recent listing found them
+        (a read planned on the driver hands its listing to the task), instead of listing again:
+        over a thousand small ranges a listing each was ~15% of a packed task. A segment gone
+        since is found missing when read, as it would be after any listing."""
         self.storage = storage
         self.segment_filter = segment_filter
         self.next_visible = next_visible
@@ -78,7 +82,10 @@ class PartitionLog:
         self.stats = stats or ReadStats()
         self._checkpointed_log_start = log_start_offset
         self.segments: List[LogSegment] = []
-        self.refresh()
+        if listing is None:
+            self.refresh()
+        else:
+            self._set_segments(dict(listing))
 
     # -- segments ---------------------------------------------------------------------------
 
@@ -91,6 +98,13 @@ class PartitionLog:
                 base = int(m.group(1))
                 if self.segment_filter is None or self.segment_filter(base):
                     sizes[base] = info.size
+        self._set_segments(sizes)
+
+    def listing(self) -> List[Tuple[int, int]]:
+        """``(base offset, .log size)`` per segment, as the last listing found them."""
+        return [(seg.base_offset, seg._size) for seg in self.segments]
+
+    def _set_segments(self, sizes) -> None:
         old = {s.base_offset: s for s in self.segments}
         self.segments = [old.get(b) or LogSegment(self.storage, self.dir, b, self.config,
                                                   self.stats) for b in sorted(sizes)]

@@ -100,18 +100,25 @@ class LogSegment:
         return self._size
 
     def read(self, start: int, end: int) -> bytes:
-        data = self.storage.read(self.log_path, start, end)
+        if self._map:   # a caller already mapped it (it knows the file is immutable)
+            data = bytes(self._map[start:min(end, len(self._map))])
+        else:
+            data = self.storage.read(self.log_path, start, end)
         self.stats.log_bytes += len(data)
         self.stats.requests += 1
         return data
+
+    def mapped(self) -> bool:
+        """Whether :meth:`read_view` works here (maps the file on first use)."""
+        if self._map is None:
+            self._map = self.storage.map(self.log_path) or False
+        return self._map is not False
 
     def read_view(self, start: int, end: int) -> Optional[memoryview]:
         """``[start, end)`` through a read-only mapping of the log file, or None when the
         storage cannot map it. Only for segments nothing truncates in place (see
         ``Storage.map``): callers decide, the segment cannot know."""
-        if self._map is None:
-            self._map = self.storage.map(self.log_path) or False
-        if self._map is False:
+        if not self.mapped():
             return None
         view = self._map[start:min(end, len(self._map))]
         self.stats.log_bytes += len(view)
@@ -232,6 +239,8 @@ class LogSegment:
 
     def lookup(self, offset: int) -> Tuple[int, int]:
         """The offset-index entry (offset, position) to start from for ``offset``."""
+        if offset <= self.base_offset:   # the segment's head: no need to read its index
+            return self.base_offset, 0
         offsets, positions = self.offset_index()
         return idx.offset_index_lookup(offsets, positions, offset, self.base_offset)
 
