@@ -265,6 +265,21 @@ class UnsupportedOperationError(KafkaStorageError):
     retriable = False
 
 
+# -- log dirs on other roots (docs/protocol.md §1.1) --------------------------------------------
+
+class InconsistentClusterIdError(KafkaLogError):
+    """A log dir's ``meta.properties`` names another cluster: it belongs to that one (Kafka's
+    broker refuses such a log dir the same way)."""
+
+    error_code = 104
+    error_name = "INCONSISTENT_CLUSTER_ID"
+
+
+class LogDirNotEmptyError(InvalidRequestError):
+    """A URL to register as a log dir holds files, and is not a log dir of this cluster that
+    was never registered: registering it would mix its files with the cluster's."""
+
+
 # -- the coordinator service --------------------------------------------------------------------
 
 class CoordinatorNotAvailableError(KafkaLogError):
