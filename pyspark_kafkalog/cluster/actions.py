@@ -251,6 +251,19 @@ class CoordinatorLeaseChange(Action):
 
 
 @dataclass(frozen=True)
+class AddLogDir(Action):
+    """A log dir at a URL of its own, not under the root: reader feature ``logDirRegistry``
+    (docs/protocol.md §1.1). Readers must know it, or they would look for its partitions under
+    the root and find none."""
+    OP: ClassVar[str] = "add_log_dir"
+    log_dir: str = spec(check_str)
+    url: str = spec(check_str)
+    directory_id: str = spec(check_str)
+    storage_options: Dict[str, str] = spec(dict_of(check_str, check_str), required=False,
+                                           factory=dict)
+
+
+@dataclass(frozen=True)
 class Abort(Action):
     OP: ClassVar[str] = "abort"
     txns: List[str] = spec(list_of(check_str))

@@ -20,6 +20,8 @@ from ..errors import UnsupportedVersionError
 STREAMING_SINK = "streamingSink"
 #: the coordinator's lease and the fencing of coordinator actions by its epoch (§11)
 COORDINATOR_LEASE = "coordinatorLease"
+#: log dirs at other URLs than the root, registered in the metadata log (§1.1)
+LOG_DIR_REGISTRY = "logDirRegistry"
 
 #: name -> what it means; the features this client implements
 READER_FEATURES: Dict[str, str] = {
@@ -27,6 +29,8 @@ READER_FEATURES: Dict[str, str] = {
                     "per (sink, batch), so a batch replayed after a crash is not written twice",
     COORDINATOR_LEASE: "coordinator_lease actions: at most one coordinator acts at a time, and "
                        "actions carrying an older coordinator_epoch are fenced",
+    LOG_DIR_REGISTRY: "add_log_dir actions: log dirs at other URLs than the cluster's root "
+                      "(another bucket, another disk), where replicas are placed and read",
 }
 WRITER_FEATURES: Dict[str, str] = {}
 

@@ -23,6 +23,9 @@ _TXN = record_of({"deadline": (check_int, True), "producer": (check_str, True),
 _LEASE = record_of({"epoch": (check_int, True), "holder": (check_str, True),
                    "address": (check_str, True), "lease_ms": (check_int, True),
                    "renewed_ms": (check_int, True)})
+_LOG_DIR = record_of({"url": (check_str, True), "directory_id": (check_str, True),
+                     "storage_options": (dict_of(check_str, check_str), True),
+                     "added": (check_int, True)})
 _SNAPSHOT_FIELDS = {"seq": (check_int, True), "timestamp": (check_int, True),
                    "topics": (dict_of(check_str, _TOPIC), True),
                    "partitions": (dict_of(check_tp_key, _PARTITION), True),
@@ -32,6 +35,7 @@ _SNAPSHOT_FIELDS = {"seq": (check_int, True), "timestamp": (check_int, True),
                    "deleted_topics": (dict_of(check_str, check_str), False),
                    "sinks": (dict_of(check_str, check_int), False),
                    "coordinator": (optional(_LEASE), False),
+                   "log_dirs": (optional(dict_of(check_str, _LOG_DIR)), False),
                    "reader_features": (list_of(check_str), False),
                    "writer_features": (list_of(check_str), False)}
 _SNAPSHOT = record_of(_SNAPSHOT_FIELDS)

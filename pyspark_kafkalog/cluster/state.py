@@ -20,7 +20,8 @@ from ..errors import (CorruptRecordError, InvalidConfigError, InvalidTopicError,
 from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
 from . import actions as A
-from .features import COORDINATOR_LEASE, STREAMING_SINK, check_readable, unknown_features
+from .features import (COORDINATOR_LEASE, LOG_DIR_REGISTRY, STREAMING_SINK, check_readable,
+                       unknown_features)
 from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
 from .snapshot_shape import check_snapshot
@@ -55,6 +56,9 @@ class ClusterState:
         #: the coordinator's lease (§11): epoch, holder, address, lease_ms, renewed_ms; None
         #: before the first acquire. Never changed in place (a change replaces it whole).
         self.coordinator: Optional[dict] = None
+        #: log dirs registered at URLs of their own (§1.1): name -> url, directory_id,
+        #: storage_options, added. Never changed in place (a change replaces the dict).
+        self.log_dirs: Dict[str, dict] = {}
         self.reader_features: List[str] = []
         self.writer_features: List[str] = []
         self.results: Dict[int, List[A.Result]] = {}   # seq -> per-action results (in memory)
@@ -81,7 +85,7 @@ class ClusterState:
         c.seq, c.timestamp = self.seq, self.timestamp
         c.topics, c.partitions, c.txns = dict(self.topics), self.partitions.copy(), dict(self.txns)
         c.decided, c.acls, c.deleted_topics = self.decided, self.acls, self.deleted_topics
-        c.sinks, c.coordinator = self.sinks, self.coordinator
+        c.sinks, c.coordinator, c.log_dirs = self.sinks, self.coordinator, self.log_dirs
         c.touched = None
         c.reader_features, c.writer_features = list(self.reader_features), list(self.writer_features)
         c.results = dict(self.results)
@@ -165,6 +169,7 @@ class ClusterState:
                 "partitions": {k: p.to_json() for k, p in self.partitions.items()},
                 "txns": self.txns, "decided": self.decided, "acls": self.acls,
                 "deleted_topics": self.deleted_topics, "sinks": self.sinks,
+                "log_dirs": self.log_dirs,
                 "reader_features": self.reader_features,
                 "writer_features": self.writer_features,
                 **({} if self.coordinator is None else {"coordinator": self.coordinator})}
@@ -192,6 +197,8 @@ class ClusterState:
         s.deleted_topics = dict(d.get("deleted_topics") or {})
         s.sinks = dict(d.get("sinks") or {})
         s.coordinator = dict(d["coordinator"]) if d.get("coordinator") else None
+        s.log_dirs = {name: dict(info, storage_options=dict(info.get("storage_options") or {}))
+                      for name, info in (d.get("log_dirs") or {}).items()}
         return s
 
     # -- queries ------------------------------------------------------------------------------
@@ -292,6 +299,8 @@ class ClusterState:
         if len(a.replicas) != n or any(not r for r in a.replicas):
             return A.error("INVALID_REPLICA_ASSIGNMENT",
                            "one non-empty replica list per partition")
+        if self._duplicate_replicas(a.replicas):
+            return A.error("INVALID_REPLICA_ASSIGNMENT", self._duplicate_replicas(a.replicas))
         try:
             LogConfig.from_properties(a.configs)
         except InvalidConfigError as exc:
@@ -304,6 +313,39 @@ class ClusterState:
         self._mark(f"t/{topic}")
         for p in range(n):
             self._new_partition(tp_key(topic, p))
+        return A.Result()
+
+    def _duplicate_replicas(self, replicas: List[List[str]]) -> Optional[str]:
+        """Two replicas of one partition in one log dir (§1.2). Checked only once the cluster has
+        ``logDirRegistry``: before it a cluster has one log dir, and replay must not change for
+        entries older clients wrote."""
+        if LOG_DIR_REGISTRY not in self.reader_features:
+            return None
+        for i, r in enumerate(replicas):
+            if len(set(r)) != len(r):
+                return f"replica list {i} names a log dir twice: {r}"
+        return None
+
+    def _add_log_dir(self, a: A.AddLogDir, ts: int) -> A.Result:
+        """A log dir at a URL of its own (§1.1). Its name and URL are each registered once; the
+        log's order decides between two clients that chose the same name."""
+        if LOG_DIR_REGISTRY not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"add_log_dir needs the feature {LOG_DIR_REGISTRY}, "
+                           "which this cluster has not enabled")
+        prefix, _, n = a.log_dir.rpartition("-")
+        if prefix != "logdir" or not n.isdigit() or not n.isascii() or not a.url \
+                or not a.directory_id:
+            return A.error("INVALID_REQUEST", f"add_log_dir needs a name logdir-<n>, a url and a "
+                           f"directory_id; got {a.log_dir!r:.60}, {a.url!r:.200}")
+        if a.log_dir in self.log_dirs:
+            return A.error("INVALID_REQUEST", f"log dir name {a.log_dir} is taken (by "
+                           f"{self.log_dirs[a.log_dir]['url']})")
+        for name, info in self.log_dirs.items():
+            if info["url"] == a.url or info["directory_id"] == a.directory_id:
+                return A.error("INVALID_REQUEST", f"{a.url} is registered already, as {name}")
+        self.log_dirs = dict(self.log_dirs, **{a.log_dir: {
+            "url": a.url, "directory_id": a.directory_id,
+            "storage_options": dict(a.storage_options), "added": ts}})
         return A.Result()
 
     def _delete_topic(self, a: A.DeleteTopic, ts: int) -> A.Result:
@@ -357,6 +399,8 @@ class ClusterState:
         if len(a.replicas) != a.total - current or any(not r for r in a.replicas):
             return A.error("INVALID_REPLICA_ASSIGNMENT",
                            "one non-empty replica list per new partition")
+        if self._duplicate_replicas(a.replicas):
+            return A.error("INVALID_REPLICA_ASSIGNMENT", self._duplicate_replicas(a.replicas))
         info = self._topic_w(topic)
         for p in range(current, a.total):
             self._new_partition(tp_key(topic, p))
@@ -604,6 +648,7 @@ HANDLERS = {
     A.Commit: ClusterState._commit,
     A.StreamCommit: ClusterState._stream_commit,
     A.CoordinatorLeaseChange: ClusterState._coordinator_lease,
+    A.AddLogDir: ClusterState._add_log_dir,
     A.Abort: ClusterState._abort,
     A.SetLogStart: ClusterState._set_log_start,
     A.AclChange: ClusterState._acl,
