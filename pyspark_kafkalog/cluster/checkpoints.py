@@ -44,7 +44,9 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
         ps = state.partition(topic, p)
         if ps is None:
             continue
-        for logdir in state.topics[topic]["replicas"][p]:
+        # the leader's log dir only: a follower holds no data until replication copies it
+        # (docs/protocol.md §1.2), and its checkpoints must not say otherwise
+        for logdir in state.topics[topic]["replicas"][p][:1]:
             by_dir[logdir][(topic, p)] = ps
             entries = ps.leader_epoch_entries()
             if written is not None and not _epoch_begins_in(entries, written.get((topic, p))):

@@ -9,21 +9,24 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidConfigError,
-                      InvalidReplicationFactorError, StorageNotFoundError,
-                      UnknownTopicOrPartitionError, UnsupportedVersionError, error_for)
+                      StorageNotFoundError, UnknownTopicOrPartitionError,
+                      UnsupportedVersionError, error_for)
 from ..format.checkpoint import new_topic_id, validate_topic_name
 from ..log.config import LogConfig
 from ..log.logdir import LogDir
 from ..log.partition import PartitionLog
 from ..log.segment import ReadStats
 from ..storage import open_storage
+from ..storage.mounts import MountedStorage
 from . import actions as A
+from . import log_dirs as L
 from .features import check_writable, known as known_features
 from .garbage import is_deleted_topic_dir
 from .metalog import META_DIR, MetadataLog, entry_name
@@ -82,7 +85,11 @@ class Cluster:
         if not isinstance(url, str) or not url:
             raise InvalidConfigError(f"cluster URL must be a non-empty string, got {url!r}")
         self.url = url
-        self.storage = open_storage(url, **storage_options)
+        #: ``fsync``/``direct_io``: this client's settings, also for log dirs on other roots
+        self.client_options = L.client_storage_options(url, storage_options)
+        # log dirs registered at other URLs are reached through their names (§1.1)
+        self.storage = MountedStorage(open_storage(url, **storage_options),
+                                      self._open_registered, may_mount=L.is_log_dir_name)
         self.principal = principal or default_principal()
         self.transaction_timeout_ms = transaction_timeout_ms
         self.clock = clock
@@ -90,13 +97,20 @@ class Cluster:
         self._reserved_ms: Dict[str, float] = {}   # txn -> mtime of its reserve entry (immutable)
         self.metalog = MetadataLog(self.storage, snapshot_interval=snapshot_interval, clock=clock)
         self.meta = self._load_or_create(create)
-        self.logdirs: List[str] = list(self.meta["logdirs"])
+        #: the log dirs under the root (``cluster.json``); :attr:`logdirs` adds registered ones
+        self.root_logdirs: List[str] = list(self.meta["logdirs"])
+        self.storage.set_local(self.root_logdirs)
+        #: draws Kafka's random start index and shift of replica placement (§1.2); seed it for
+        #: a placement that repeats
+        self.placement_random = random.Random()
 
     # -- identity -----------------------------------------------------------------------------
 
     def _load_or_create(self, create: bool) -> dict:
         try:
-            return _check_identity(self.storage.read(CLUSTER_FILE))
+            meta = _check_identity(self.storage.read(CLUSTER_FILE))
+            self.storage.set_local(meta["logdirs"])
+            return meta
         except StorageNotFoundError:
             if not create:
                 raise UnknownTopicOrPartitionError(
@@ -106,7 +120,10 @@ class Cluster:
         try:
             self.storage.create_if_absent(CLUSTER_FILE, json.dumps(meta, indent=1).encode())
         except AlreadyExistsError:
-            return _check_identity(self.storage.read(CLUSTER_FILE))
+            meta = _check_identity(self.storage.read(CLUSTER_FILE))
+            self.storage.set_local(meta["logdirs"])
+            return meta
+        self.storage.set_local(meta["logdirs"])
         for d in meta["logdirs"]:
             LogDir(self.storage, d).ensure_meta(cluster_id=meta["cluster_id"], node_id=0)
         return meta
@@ -173,17 +190,70 @@ class Cluster:
         writer feature this client lacks."""
         check_writable((state or self.state()).writer_features)
 
+    # -- log dirs (docs/protocol.md §1.1) ------------------------------------------------------
+
+    @property
+    def logdirs(self) -> List[str]:
+        """Every log dir, by number: the root's and those registered at other URLs, as of the
+        newest state this client replayed."""
+        return self.log_dir_names()
+
+    def log_dir_names(self, state: Optional[ClusterState] = None) -> List[str]:
+        state = state if state is not None else self.metalog.state(refresh=False)
+        registered = [d for d in state.log_dirs if d not in self.root_logdirs]
+        return sorted(self.root_logdirs + registered, key=L.log_dir_number)
+
+    def log_dir_info(self, state: Optional[ClusterState] = None) -> List[dict]:
+        """Per log dir: ``log_dir`` (its name), ``url``, ``directory_id`` and ``root`` (whether
+        it is under the cluster's root rather than registered at a URL of its own)."""
+        state = state or self.state()
+        out = []
+        for name in self.log_dir_names(state):
+            info = None if name in self.root_logdirs else state.log_dirs[name]
+            if info is None:
+                meta = LogDir(self.storage, name).read_meta() or {}
+                out.append({"log_dir": name,
+                            "url": f"{L.normalize_log_dir_url(self.url).rstrip('/')}/{name}",
+                            "directory_id": meta.get("directory.id"), "root": True})
+            else:
+                out.append({"log_dir": name, "url": info["url"],
+                            "directory_id": info["directory_id"], "root": False})
+        return out
+
+    def _open_registered(self, name: str):
+        """The storage of a registered log dir, for ``self.storage`` to route its paths to;
+        None for a name no state knows (then it is the root's)."""
+        info = self.metalog.state(refresh=False).log_dirs.get(name)
+        if info is None:
+            info = self.metalog.state().log_dirs.get(name)   # registered since that state
+        return None if info is None else L.open_registered(name, info, self.client_options)
+
+    def replica_location(self, topic: str, partition: int, logdir: Optional[str] = None,
+                         state: Optional[ClusterState] = None
+                         ) -> Tuple[Optional[Tuple[str, Dict[str, str]]], str]:
+        """Where a replica (default: the leader) is for a process without this ``Cluster`` (a
+        Spark executor): ``(None, path)`` for a log dir under the root, path as
+        :meth:`partition_dir` gives it; else ``((url, storage options), path)`` of its log
+        dir's own root and the path under that root."""
+        state = state or self.state()
+        path = self.partition_dir(topic, partition, logdir, state)
+        name, _, rest = path.partition("/")
+        info = None if name in self.root_logdirs else state.log_dirs.get(name)
+        if info is None:
+            return None, path
+        return (info["url"], dict(info["storage_options"])), rest
+
     # -- topics -------------------------------------------------------------------------------
 
-    def assign_replicas(self, partitions: int, replication_factor: int,
-                        start: int = 0) -> List[List[str]]:
-        n = len(self.logdirs)
-        if not 1 <= replication_factor <= n:
-            raise InvalidReplicationFactorError(
-                f"replication factor {replication_factor} must be between 1 and the number of "
-                f"log dirs ({n})")
-        return [[self.logdirs[(p + r) % n] for r in range(replication_factor)]
-                for p in range(start, start + partitions)]
+    def assign_replicas(self, partitions: int, replication_factor: int, start: int = 0,
+                        state: Optional[ClusterState] = None, fixed_start_index: int = -1
+                        ) -> List[List[str]]:
+        """Replicas of partitions ``start…start+partitions-1`` over every log dir, as Kafka
+        assigns replicas to brokers (docs/protocol.md §1.2; ``log_dirs.py``)."""
+        return L.assign_replicas_to_log_dirs(
+            self.log_dir_names(state), partitions, replication_factor,
+            fixed_start_index=fixed_start_index, start_partition=start,
+            rng=self.placement_random)
 
     def create_topic(self, topic: str, partitions: int = 1, replication_factor: int = 1,
                      configs: Optional[Dict[str, str]] = None) -> dict:
@@ -193,7 +263,9 @@ class Cluster:
             raise InvalidPartitionsError(f"partitions must be an int >= 1, got {partitions!r}")
         configs = {k: str(v) for k, v in (configs or {}).items()}
         LogConfig.from_properties(configs)
-        replicas = self.assign_replicas(partitions, replication_factor)
+        state = self.state()
+        replicas = self.assign_replicas(partitions, replication_factor, state=state)
+        L.check_min_insync_replicas(configs, replication_factor)
         topic_id = new_topic_id()
         self._remove_leftovers(topic, partitions)
         self.submit_one(A.CreateTopic(topic=topic, topic_id=topic_id, partitions=partitions,
@@ -245,6 +317,9 @@ class Cluster:
     def alter_configs(self, topic: str, set_configs: Optional[Dict[str, str]] = None,
                       delete: Optional[List[str]] = None) -> dict:
         set_configs = {k: str(v) for k, v in (set_configs or {}).items()}
+        info = self.state().topics.get(topic)
+        if info is not None and info["replicas"]:
+            L.check_min_insync_replicas(set_configs, len(info["replicas"][0]))
         self.submit_one(A.AlterConfigs(topic=topic, set=set_configs, delete=list(delete or [])))
         return self.describe_topic(topic)
 
@@ -254,8 +329,12 @@ class Cluster:
         if info is None:
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
         rf = len(info["replicas"][0])
+        # Kafka's AddPartitions: the leaders' round goes on from partition 0's leader
+        dirs, leader = self.log_dir_names(state), info["replicas"][0][0]
         replicas = self.assign_replicas(max(total - info["partitions"], 0), rf,
-                                        start=info["partitions"])
+                                        start=info["partitions"], state=state,
+                                        fixed_start_index=dirs.index(leader)
+                                        if leader in dirs else 0)
         self.submit_one(A.CreatePartitions(topic=topic, total=total, replicas=replicas))
         self._write_partition_metadata(
             info["topic_id"], [self.partition_dir(topic, p, replicas[p - info["partitions"]][0])
@@ -280,8 +359,11 @@ class Cluster:
         parts = []
         for p in range(info["partitions"]):
             ps = state.partition(topic, p)
-            parts.append({"partition": p, "replicas": info["replicas"][p],
-                          "leader_epoch": ps.leader_epoch, "log_start_offset": ps.log_start_offset,
+            replicas = info["replicas"][p]
+            # the ISR is the leader alone until followers are copied to (§1.2)
+            parts.append({"partition": p, "leader": replicas[0], "replicas": replicas,
+                          "isr": replicas[:1], "leader_epoch": ps.leader_epoch,
+                          "log_start_offset": ps.log_start_offset,
                           "high_watermark": ps.high_watermark})
         return {"topic": topic, "topic_id": info["topic_id"], "partitions": parts,
                 "configs": dict(info["configs"])}
@@ -306,9 +388,11 @@ class Cluster:
 
     def partition_view(self, topic: str, partition: int, state: Optional[ClusterState] = None,
                        stats: Optional[ReadStats] = None,
-                       isolation_level: str = "read_committed") -> PartitionView:
+                       isolation_level: str = "read_committed",
+                       logdir: Optional[str] = None) -> PartitionView:
         """The partition as a reader may see it: committed data below the high watermark, or
-        with ``read_uncommitted`` also the data of writes not yet decided."""
+        with ``read_uncommitted`` also the data of writes not yet decided. ``logdir``: that
+        replica's files instead of the leader's."""
         state = state or self.state()
         ps = state.partition(topic, partition)
         if ps is None:
@@ -320,7 +404,7 @@ class Cluster:
         else:
             raise InvalidConfigError(f"isolation level must be read_committed or "
                                      f"read_uncommitted, got {isolation_level!r}")
-        log = PartitionLog(self.storage, self.partition_dir(topic, partition, state=state),
+        log = PartitionLog(self.storage, self.partition_dir(topic, partition, logdir, state),
                            state.topic_config(topic), log_start_offset=ps.log_start_offset,
                            stats=stats, segment_filter=visible, high_watermark=end,
                            next_visible=promised)
