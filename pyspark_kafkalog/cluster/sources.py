@@ -82,6 +82,9 @@ class PartitionHandle:
     configs: Dict[str, str] = field(default_factory=dict)
     #: cluster only: the partition's replayed state (committed ranges pick the segments)
     state: Optional[dict] = None
+    #: cluster only, when the partition's log dir is not under the cluster's root but at a URL
+    #: of its own (docs/protocol.md §1.1): that URL and its storage options; ``dir`` is under it
+    root: Optional[Tuple[str, Dict[str, str]]] = None
     #: ``(base offset, .log size)`` of its segments as the planner listed them: the task
     #: opens the log from this instead of listing it again (``PartitionLog``'s ``listing``)
     segments: Optional[List[Tuple[int, int]]] = None
@@ -108,7 +111,8 @@ class PartitionHandle:
         return None
 
     def open(self, stats: Optional[ReadStats] = None) -> PartitionLog:
-        storage = cached_storage(self.url, self.storage_options)
+        storage = cached_storage(*self.root) if self.root is not None else \
+            cached_storage(self.url, self.storage_options)
         config = LogConfig.from_properties(self.configs)
         if self.kind == CLUSTER:
             from .state import PartitionState
@@ -166,11 +170,11 @@ class ClusterSource(ReadSource):
         ps = self.state.partition(topic, partition)
         if ps is None:
             raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition} in {self.url}")
+        root, path = self.cluster.replica_location(topic, partition, state=self.state)
         handle = PartitionHandle(
-            CLUSTER, self.url, self.storage_options, topic, partition,
-            self.cluster.partition_dir(topic, partition, state=self.state),
+            CLUSTER, self.url, self.storage_options, topic, partition, path,
             ps.log_start_offset, ps.high_watermark,
-            dict(self.state.topics[topic]["configs"]), ps.to_json())
+            dict(self.state.topics[topic]["configs"]), ps.to_json(), root=root)
         log = handle.open(stats)
         handle.segments = log.listing()
         return handle, log
