@@ -155,7 +155,8 @@ def test_topics_create_describe_alter_increase_delete(kl, url):
     assert list(desc) == ["topic", "topic_id", "partition_count", "replication_factor", "configs",
                           "partitions"]
     assert desc["configs"] == {"retention.ms": "1000", "segment.bytes": "5000"}
-    assert desc["partitions"] == [{"partition": p, "replicas": ["logdir-0"], "leader_epoch": -1,
+    assert desc["partitions"] == [{"partition": p, "leader": "logdir-0", "replicas": ["logdir-0"],
+                                   "isr": ["logdir-0"], "leader_epoch": -1,
                                    "log_start_offset": 0, "high_watermark": 0} for p in (0, 1)]
     assert kl(*c, "topics", "--list")[1] == "orders\nt\n"
     rc, out, _ = kl(*c, "topics", "--describe", "--topic", "orders")
@@ -163,10 +164,10 @@ def test_topics_create_describe_alter_increase_delete(kl, url):
     assert text[0].startswith("Topic: orders  TopicId: " + desc["topic_id"])
     assert ("PartitionCount: 2  ReplicationFactor: 1  Configs: "
             "retention.ms=1000,segment.bytes=5000") in text[0]
-    assert text[1].split() == ["PARTITION", "REPLICAS", "LEADER-EPOCH", "LOG-START-OFFSET",
-                               "HIGH-WATERMARK"]
-    assert text[2].split() == ["0", "logdir-0", "-1", "0", "0"]
-    assert text[2].index("logdir-0") == text[1].index("REPLICAS")       # aligned columns
+    assert text[1].split() == ["PARTITION", "LEADER", "REPLICAS", "ISR", "LEADER-EPOCH",
+                               "LOG-START-OFFSET", "HIGH-WATERMARK"]
+    assert text[2].split() == ["0", "logdir-0", "logdir-0", "logdir-0", "-1", "0", "0"]
+    assert text[2].index("logdir-0") == text[1].index("LEADER")         # aligned columns
     assert text[3].rindex("0") == text[1].index("HIGH-WATERMARK")
     rc, out, _ = kl(*c, "--json", "topics", "--describe")
     assert [d["topic"] for d in lines(out)] == ["orders", "t"]
@@ -660,15 +661,16 @@ def test_log_dirs_describe_sizes(kl, url):
     produce(kl, url, keyed(5), "--partition", 2)
     rc, out, _ = kl("--cluster", url, "--json", "log-dirs", "--describe")
     rows = lines(out)
-    assert [list(r) for r in rows] == [["log_dir", "topic", "partition", "size"]] * 3
+    assert [list(r) for r in rows] == [["log_dir", "url", "topic", "partition", "size"]] * 3
+    assert {r["url"] for r in rows} == {os.path.join(os.path.abspath(url), "logdir-0")}
     for r in rows:
         d = Path(url) / r["log_dir"] / f"{r['topic']}-{r['partition']}"
         assert r["size"] == sum(p.stat().st_size for p in d.glob("*.log"))
     assert [r["size"] > 0 for r in rows] == [True, False, True]
     rc, out, _ = kl("--cluster", url, "log-dirs", "--describe")
-    assert out.splitlines()[0].split() == ["LOG-DIR", "TOPIC", "PARTITION", "SIZE"]
-    user_error(*kl("--cluster", url, "log-dirs"), "the following arguments are required: "
-                                                  "--describe")
+    assert out.splitlines()[0].split() == ["LOG-DIR", "URL", "TOPIC", "PARTITION", "SIZE"]
+    user_error(*kl("--cluster", url, "log-dirs"), "one of the arguments --describe --add is "
+                                                  "required")
 
 
 def test_cleanup_removes_garbage(kl, url):

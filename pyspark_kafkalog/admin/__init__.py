@@ -15,6 +15,7 @@ from ..cluster.cluster import Cluster
 from ..cluster.consumer import EARLIEST, LATEST, Consumer, resolve_offset
 from ..cluster.groups import (GroupStore, OffsetAndMetadata, live_offsets, require_group,
                               topic_ids)
+from ..cluster.log_dirs import add_log_dir
 from ..cluster.maintenance import (DeleteRecordsDryRun, DeleteRecordsResult, RetentionPlan,
                                    collect_garbage, delete_records, delete_records_dry_run,
                                    retention)
@@ -24,7 +25,8 @@ from ..coordinator.follow import DEFAULT_POLL_INTERVAL_MS, Follower
 from ..errors import InvalidConfigError, InvalidRequestError, UnknownTopicOrPartitionError
 from ..format.records import DecodedRecord, Record
 
-__all__ = ["Admin", "TopicPartition", "TopicDescription", "PartitionInfo", "RecordMetadata",
+__all__ = ["Admin", "TopicPartition", "TopicDescription", "PartitionInfo", "LogDirInfo",
+           "RecordMetadata",
            "ConsumerRecord", "ListOffsetsResult", "GroupPartitionLag", "DeleteRecordsResult",
            "DeleteRecordsDryRun", "RetentionPlan", "PartitionRepair", "SegmentRepair", "LostRange",
            "OffsetAndMetadata", "Consumer", "Follower", "EARLIEST", "LATEST"]
@@ -42,6 +44,19 @@ class PartitionInfo:
     leader_epoch: int
     log_start_offset: int
     high_watermark: int
+    #: the replica writers write and readers read (the first: Kafka's preferred leader)
+    leader: str = ""
+    #: in-sync replicas: the leader alone until followers are copied to (docs/protocol.md §1.2)
+    isr: List[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LogDirInfo:
+    """A log dir of the cluster: under its root (``root``) or registered at a URL of its own."""
+    log_dir: str
+    url: str
+    directory_id: Optional[str]
+    root: bool
 
 
 @dataclass(frozen=True)
@@ -234,14 +249,31 @@ class Admin:
         return repair(self.cluster, topic, partition, dry_run=dry_run)
 
     def describe_log_dirs(self) -> Dict[str, Dict[TopicPartition, int]]:
-        """Bytes on storage per partition replica, per log dir (visible segments only)."""
+        """Bytes on storage per partition replica, per log dir (visible segments only; a
+        follower holds none yet: nothing copies to followers in this version)."""
         state = self.cluster.state()
-        out: Dict[str, Dict[TopicPartition, int]] = {d: {} for d in self.cluster.logdirs}
+        out: Dict[str, Dict[TopicPartition, int]] = {
+            d: {} for d in self.cluster.log_dir_names(state)}
         for topic, p in self.cluster.partitions(state):
-            view = self.cluster.partition_view(topic, p, state)
             for d in state.topics[topic]["replicas"][p]:
+                view = self.cluster.partition_view(topic, p, state, logdir=d)
                 out.setdefault(d, {})[TopicPartition(topic, p)] = view.log.size_in_bytes()
         return out
+
+    def list_log_dirs(self) -> List[LogDirInfo]:
+        """Every log dir, by number, with its URL (docs/protocol.md §1.1)."""
+        return [LogDirInfo(**d) for d in self.cluster.log_dir_info()]
+
+    def add_log_dir(self, url: str, storage_options: Optional[Mapping[str, str]] = None
+                    ) -> LogDirInfo:
+        """Register a log dir on another root (another bucket, another disk) that topics'
+        replicas can be placed on (docs/protocol.md §1.1). ``storage_options`` (strings, e.g.
+        ``endpoint_url``) are recorded in the metadata log for every client, so credentials
+        are refused: each process takes them from its environment. Refused, with nothing
+        written: an unreachable URL (:class:`KafkaStorageError`), another cluster's log dir
+        (:class:`InconsistentClusterIdError`), any other non-empty URL
+        (:class:`LogDirNotEmptyError`), or one overlapping the root or a known log dir."""
+        return LogDirInfo(**add_log_dir(self.cluster, url, storage_options))
 
     # -- consumer groups ----------------------------------------------------------------------
 

@@ -1,12 +1,13 @@
 """Deleting data and looking at storage: ``delete-records`` (KIP-107, kafka-delete-records.sh's
-JSON file), ``retention``, ``log-dirs --describe`` and ``cleanup``."""
+JSON file), ``retention``, ``log-dirs --describe|--add`` and ``cleanup``."""
 from __future__ import annotations
 
 import sys
 from typing import List
 
 from ..cluster.offset_json import OFFSET_FILE_EXAMPLE, load_offset_json
-from .cluster_common import OUTPUT_HELP, columns, emit_rows, open_admin
+from ..errors import InvalidConfigError
+from .cluster_common import OUTPUT_HELP, columns, emit_rows, open_admin, parse_configs, say
 from .progress import Progress
 
 DELETE_COLUMNS = columns("topic", "partition", "low_watermark", "error", "message")
@@ -14,7 +15,7 @@ DRY_DELETE_COLUMNS = columns("topic", "partition", "offset", "log_start_offset",
                              "low_watermark", "error", "message")
 RETENTION_COLUMNS = columns("topic", "partition", "log_start_offset", "new_log_start_offset",
                             "segments", "bytes", "reason")
-LOG_DIR_COLUMNS = columns("log_dir", "topic", "partition", "size")
+LOG_DIR_COLUMNS = columns("log_dir", "url", "topic", "partition", "size")
 CLEANUP_COLUMNS = columns("kind", "path")
 RETENTION_CHUNK = 25          # partitions per retention step (one metadata entry each)
 
@@ -48,11 +49,26 @@ def add_parsers(sub, parents) -> None:
     p.set_defaults(run=run_retention)
 
     p = sub.add_parser(
-        "log-dirs", parents=parents, help="bytes per partition per log dir",
-        description="kafka-log-dirs.sh --describe: the size of each partition replica.",
-        epilog=OUTPUT_HELP + " Columns: log_dir, topic, partition, size (bytes of readable "
-               "segments).")
-    p.add_argument("--describe", action="store_true", required=True, help="(required)")
+        "log-dirs", parents=parents, help="describe log dirs, or add one on another root",
+        description="--describe: each log dir's URL and the size of each partition replica in "
+                    "it (kafka-log-dirs.sh --describe). --add: register a log dir at another "
+                    "URL (another bucket, another disk) that topics' replicas are placed on "
+                    "(docs/protocol.md, section 1.1).",
+        epilog=OUTPUT_HELP + " --describe columns: log_dir, url, topic, partition, size (bytes "
+               "of readable segments; followers hold none yet, as nothing copies to them in "
+               "this version); a log dir without replicas has one row with topic, partition and "
+               "size empty. --add prints the new log dir (log_dir, url, directory_id with "
+               "--json).")
+    act = p.add_mutually_exclusive_group(required=True)
+    act.add_argument("--describe", action="store_true", help="each log dir and its replicas")
+    act.add_argument("--add", metavar="URL",
+                     help="register a log dir at URL: an empty directory, bucket or prefix "
+                          "(or a log dir of this cluster never registered)")
+    p.add_argument("--storage-option", action="append", default=[], metavar="K=V",
+                   help="--add: an option for URL's storage (repeatable), e.g. "
+                        "endpoint_url=http://host:9000. Recorded in the metadata log for every "
+                        "client, so credentials are refused: give them to each process's "
+                        "environment (for S3: AWS_* variables or ~/.aws)")
     p.set_defaults(run=run_log_dirs)
 
     p = sub.add_parser(
@@ -132,10 +148,23 @@ def run_retention(args) -> int:
 # -- log-dirs, cleanup -----------------------------------------------------------------------
 
 def run_log_dirs(args) -> int:
+    if args.add is None and args.storage_option:
+        raise InvalidConfigError("--storage-option applies to --add only")
+    options = parse_configs(args.storage_option, "--storage-option")
     admin = open_admin(args, "log-dirs")
-    rows = [{"log_dir": d, "topic": tp.topic, "partition": tp.partition, "size": size}
-            for d, parts in sorted(admin.describe_log_dirs().items())
-            for tp, size in sorted(parts.items())]
+    if args.add is not None:
+        d = admin.add_log_dir(args.add, options)
+        say(args, f"Added log dir {d.log_dir} at {d.url}.",
+            {"log_dir": d.log_dir, "url": d.url, "directory_id": d.directory_id})
+        return 0
+    sizes = admin.describe_log_dirs()
+    rows = []
+    for d in admin.list_log_dirs():
+        parts = sorted(sizes.get(d.log_dir, {}).items())
+        rows += [{"log_dir": d.log_dir, "url": d.url, "topic": tp.topic,
+                  "partition": tp.partition, "size": size} for tp, size in parts] or \
+            [{"log_dir": d.log_dir, "url": d.url, "topic": None, "partition": None,
+              "size": None}]
     emit_rows(args, LOG_DIR_COLUMNS, rows)
     return 0
 

@@ -19,8 +19,8 @@ ACTIONS = ("create", "delete", "list", "describe", "alter", "increase_partitions
 OPTIONS = {"topic": "--topic", "partitions": "--partitions",
            "replication_factor": "--replication-factor", "config": "--config",
            "delete_config": "--delete-config"}
-PARTITION_COLUMNS = columns("partition", "replicas", "leader_epoch", "log_start_offset",
-                            "high_watermark")
+PARTITION_COLUMNS = columns("partition", "leader", "replicas", "isr", "leader_epoch",
+                            "log_start_offset", "high_watermark")
 
 
 def add_parser(sub, parents) -> None:
@@ -29,8 +29,10 @@ def add_parser(sub, parents) -> None:
         description="Manage the topics of a kafkalog cluster (kafka-topics.sh's options).",
         epilog=OUTPUT_HELP + " --describe (and --create/--alter/--increase-partitions with "
                "--json) print one object per topic: topic, topic_id, partition_count, "
-               "replication_factor, configs, partitions [{partition, replicas, leader_epoch, "
-               "log_start_offset, high_watermark}]. --list prints one name per line "
+               "replication_factor, configs, partitions [{partition, leader, replicas, isr, "
+               "leader_epoch, log_start_offset, high_watermark}]: leader is the first replica, "
+               "where data is written and read; isr is the leader alone, as nothing copies to "
+               "followers yet. --list prints one name per line "
                "({\"topic\"} with --json); --delete prints {\"topic\", \"deleted\"} with --json.")
     act = p.add_mutually_exclusive_group(required=True)
     act.add_argument("--create", action="store_true",
@@ -47,7 +49,9 @@ def add_parser(sub, parents) -> None:
     p.add_argument("--partitions", type=int, metavar="N",
                    help="partition count (--create: default 1)")
     p.add_argument("--replication-factor", type=int, metavar="N",
-                   help="log dirs holding each partition (--create: default 1)")
+                   help="log dirs holding each partition, placed as Kafka places replicas "
+                        "(--create: default 1; at most the number of log dirs, see log-dirs "
+                        "--add)")
     p.add_argument("--config", action="append", default=[], metavar="K=V",
                    help="a topic config (repeatable), e.g. retention.ms=86400000")
     p.add_argument("--delete-config", action="append", default=[], metavar="K",
@@ -79,7 +83,7 @@ def _create(args) -> int:
     LogConfig.from_properties(configs)
     if rf > 1 and args.cluster and not cluster_exists(args.cluster, cluster_options(args)):
         raise InvalidConfigError(f"a new cluster has one log dir: --replication-factor {rf} "
-                                 "needs a cluster with that many")
+                                 "needs a cluster with that many (log-dirs --add URL)")
     admin = open_admin(args, "topics --create", create=True)
     if args.topic in admin.list_topics():
         raise TopicAlreadyExistsError(f"topic {args.topic!r} already exists")
@@ -163,7 +167,8 @@ def _topic_json(desc) -> dict:
             "partition_count": len(desc.partitions),
             "replication_factor": len(desc.partitions[0].replicas) if desc.partitions else 0,
             "configs": dict(sorted(desc.configs.items())),
-            "partitions": [{"partition": p.partition, "replicas": list(p.replicas),
+            "partitions": [{"partition": p.partition, "leader": p.leader,
+                            "replicas": list(p.replicas), "isr": list(p.isr),
                             "leader_epoch": p.leader_epoch, "log_start_offset": p.log_start_offset,
                             "high_watermark": p.high_watermark} for p in desc.partitions]}
 
