@@ -11,12 +11,6 @@ lease renewals), never after a sleep.
 """
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -25,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli_support import REPO, run_cli
+from coordinator_support import DEADLINE_S, services  # noqa: F401 (a fixture)
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster import lease as L
 from pyspark_kafkalog.cluster.cluster import Cluster
@@ -39,9 +34,7 @@ from pyspark_kafkalog.format.records import Record
 
 TOKEN = "fedcba9876543210" * 4
 LEASE_MS = 1500
-DEADLINE_S = 90.0
 FAST = {"log.retention.check.interval.ms": "200"}        # the others keep Kafka's minutes
-CLI = [sys.executable, "-m", "pyspark_kafkalog.cli.main"]
 CONF = REPO / "conf"
 RUNS = "kafkalog_coordinator_maintenance_runs_total"
 FAILURES = "kafkalog_coordinator_maintenance_failures_total"
@@ -297,48 +290,6 @@ def test_one_file_holds_the_service_and_the_scheduler_and_refuses_unknown_keys(u
 
 # -- the command: real processes ------------------------------------------------------------------
 
-class Service:
-    """``kafkalog --cluster URL --json coordinator …`` as a process; its announce line parsed."""
-
-    def __init__(self, url: str, *options):
-        self.proc = subprocess.Popen(
-            [*CLI, "--cluster", url, "--json", "coordinator", *map(str, options)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
-        self.err = []
-        self._reader = threading.Thread(target=lambda: self.err.extend(self.proc.stderr),
-                                        daemon=True)
-        self._reader.start()
-        line = self.proc.stdout.readline()
-        assert line, f"the coordinator ended before serving: {self.stderr()}"
-        self.announced = json.loads(line)
-
-    def stderr(self) -> str:
-        if self.proc.poll() is not None:
-            self._reader.join(DEADLINE_S)
-        return "".join(self.err)
-
-    def terminate(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=DEADLINE_S)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=DEADLINE_S)
-
-
-@pytest.fixture
-def services():
-    running = []
-
-    def make(*args):
-        s = Service(*args)
-        running.append(s)
-        return s
-    yield make
-    for s in running:
-        s.kill()
 
 
 def combined_config(tmp_path, token_file, *extra) -> str:

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cli_support import REPO, run_cli
+from coordinator_support import DEADLINE_S, services  # noqa: F401 (a fixture)
 from pyspark_kafkalog.cluster import lease as L
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.coordinator import connect, start
@@ -37,8 +37,6 @@ from pyspark_kafkalog.errors import (CoordinatorAuthenticationError,
 
 TOKEN = "0123456789abcdef" * 4
 LEASE_MS = 1500
-DEADLINE_S = 90.0
-CLI = [sys.executable, "-m", "pyspark_kafkalog.cli.main"]
 CONF = REPO / "conf"
 
 
@@ -345,51 +343,6 @@ def test_a_coordinator_stopped_mid_acquire_hands_the_lease_back(cluster):
 
 # -- the standalone command: real processes ------------------------------------------------------
 
-class Service:
-    """``kafkalog --cluster URL --json coordinator …`` as a process; its announce line parsed."""
-
-    def __init__(self, url: str, *options):
-        """``options``: a token file (then the lease is LEASE_MS), or the command's options."""
-        if len(options) == 1:
-            options = ("--token-file", options[0], "--lease-ms", LEASE_MS)
-        self.proc = subprocess.Popen(
-            [*CLI, "--cluster", url, "--json", "coordinator", *map(str, options)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
-        self.err = []
-        self._reader = threading.Thread(target=lambda: self.err.extend(self.proc.stderr),
-                                        daemon=True)
-        self._reader.start()
-        line = self.proc.stdout.readline()
-        assert line, f"the coordinator ended before serving: {self.stderr()}"
-        self.announced = json.loads(line)
-
-    def stderr(self) -> str:
-        if self.proc.poll() is not None:
-            self._reader.join(DEADLINE_S)
-        return "".join(self.err)
-
-    def terminate(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=DEADLINE_S)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=DEADLINE_S)
-
-
-@pytest.fixture
-def services():
-    running = []
-
-    def make(*args):
-        s = Service(*args)
-        running.append(s)
-        return s
-    yield make
-    for s in running:
-        s.kill()
 
 
 def status_of(url: str, token_file: str):
@@ -400,7 +353,7 @@ def status_of(url: str, token_file: str):
 
 def test_the_command_serves_answers_status_from_another_process_and_releases_on_sigterm(
         url, cluster, token_file, services, tmp_path):
-    s = services(url, token_file)
+    s = services(url, "--token-file", token_file, "--lease-ms", LEASE_MS)
     assert s.announced["epoch"] == 1 and s.announced["address"]
     rc, status, err = status_of(url, token_file)
     assert rc == 0, err
@@ -459,8 +412,8 @@ def test_the_example_coordinator_config_is_what_the_service_takes(cluster, tmp_p
 
 def test_kill_9_of_the_active_coordinator_lets_the_standby_take_over(url, cluster, token_file,
                                                                     services):
-    a = services(url, token_file)
-    b = services(url, token_file)
+    a = services(url, "--token-file", token_file, "--lease-ms", LEASE_MS)
+    b = services(url, "--token-file", token_file, "--lease-ms", LEASE_MS)
     assert a.announced["epoch"] == 1 and b.announced["epoch"] is None
     with pytest.raises(CoordinatorLeaseHeldError):
         L.acquire(cluster, "third", "", 600_000)
