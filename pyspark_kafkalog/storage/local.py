@@ -415,7 +415,7 @@ class LocalStorage(Storage):
 
     def _barrier(self, files, dirs) -> None:
         """``files`` and the entries of ``dirs`` durable: one ``syncfs`` when there are many."""
-        if len(files) + len(dirs) > SyncBatch.SYNCFS_FILES and _syncfs(self.root):
+        if max(len(files), len(dirs)) > SyncBatch.SYNCFS_FILES and _syncfs(self.root):
             return
         for full in files:
             fd = os.open(full, os.O_RDONLY)
@@ -545,17 +545,8 @@ class SyncBatch:
         with self._lock:
             files, dirs = self.files, sorted(self.dirs)
             self.files, self.dirs = [], set()
-        if len(files) > self.SYNCFS_FILES and _syncfs(self._storage.root):
-            return
         with storage_errors("sync", self._storage.url):
-            for full in files:
-                fd = os.open(full, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        for directory in dirs:
-            self._storage._sync_dir(directory)
+            self._storage._barrier(files, dirs)
 
 
 _LIBC = None
