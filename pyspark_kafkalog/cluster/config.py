@@ -37,10 +37,16 @@ def cluster_options(props: Dict[str, str]) -> Dict[str, Any]:
     return out
 
 
-def load_cluster_config(path: str) -> Dict[str, Any]:
+def read_properties_file(path: str, what: str) -> Dict[str, str]:
+    """A ``.properties`` file read as Java reads one (Latin-1); an unreadable one is a typed
+    error naming ``what`` it was meant to be."""
     try:
         with open(path, encoding="latin-1") as f:
             text = f.read()
     except OSError as exc:
-        raise InvalidConfigError(f"cannot read cluster config {path!r}: {exc.strerror}") from None
-    return cluster_options(parse_properties(text))
+        raise InvalidConfigError(f"cannot read {what} {path!r}: {exc.strerror}") from None
+    return parse_properties(text)
+
+
+def load_cluster_config(path: str) -> Dict[str, Any]:
+    return cluster_options(read_properties_file(path, "cluster config"))

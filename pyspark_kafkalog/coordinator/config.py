@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Dict, Mapping
 
 from ..errors import InvalidConfigError
-from ..format.checkpoint import parse_properties
+from ..cluster.config import read_properties_file
 from .scheduler import KEYS as MAINTENANCE_KEYS, SchedulerConfig
 
 #: property -> (Coordinator keyword, type)
@@ -59,10 +59,4 @@ def coordinator_options(props: Mapping[str, str]) -> Dict[str, Any]:
 
 
 def load_coordinator_config(path: str) -> Dict[str, Any]:
-    try:
-        with open(path, encoding="latin-1") as f:
-            text = f.read()
-    except OSError as exc:
-        raise InvalidConfigError(f"cannot read coordinator config {path!r}: "
-                                 f"{exc.strerror}") from None
-    return coordinator_options(parse_properties(text))
+    return coordinator_options(read_properties_file(path, "coordinator config"))

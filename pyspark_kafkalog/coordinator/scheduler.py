@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..cluster.checkpoints import sync_checkpoints
+from ..cluster.config import read_properties_file
 from ..cluster.groups import consumed_offsets, validate_group_id
 from ..cluster.maintenance import FanOut, collect_garbage, delete_records, retention, serial
 from ..errors import FencedCoordinatorError, InvalidConfigError, KafkaLogError
-from ..format.checkpoint import parse_properties, validate_topic_name
+from ..format.checkpoint import validate_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +135,7 @@ def load_scheduler_config(path: str) -> SchedulerConfig:
     """A properties file of the scheduler's keys only, read as Java reads one. The coordinator
     reads them from its own settings file instead (``conf/coordinator.properties``,
     ``coordinator/config.py``)."""
-    try:
-        with open(path, encoding="latin-1") as f:
-            text = f.read()
-    except OSError as exc:
-        raise InvalidConfigError(f"cannot read maintenance config {path!r}: "
-                                 f"{exc.strerror}") from None
-    return SchedulerConfig.from_properties(parse_properties(text))
+    return SchedulerConfig.from_properties(read_properties_file(path, "maintenance config"))
 
 
 @dataclass(frozen=True)
