@@ -110,7 +110,8 @@ class SpoolWriter:
     """Runs spool appends on one background thread, in order, so that writing overlaps
     encoding. Batches are handed over in runs of :data:`RUN_BYTES` per partition: each run is
     one thread hand-off and one write to the device, and every write costs a context switch
-    and, in a VM, an exit to the hypervisor. :meth:`wait` writes what is left, returns when all
+    and, in a VM, an exit to the hypervisor. :meth:`wait` writes what is left of the partitions
+    already spooling (one that never filled a run is left to the plain write), returns when all
     is written and raises the first error."""
 
     RUN_BYTES = 4 << 20
