@@ -7,13 +7,87 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cli_support import REPO
+from pyspark_kafkalog.cluster.cluster import Cluster
+from pyspark_kafkalog.coordinator.service import Coordinator
 
 DEADLINE_S = 90.0
 CLI = [sys.executable, "-m", "pyspark_kafkalog.cli.main"]
+TOKEN = "0123456789abcdef" * 4
+LEASE_MS = 1500
+CONF = REPO / "conf"
+
+
+def eventually(predicate, what: str, deadline_s: float = DEADLINE_S):
+    """Poll ``predicate`` until it returns something true; fail naming ``what`` if it never
+    does within a deadline far beyond what the tests need."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            pytest.fail(f"never happened: {what}")
+        time.sleep(0.05)
+
+
+def metrics_of(url_: str) -> dict:
+    """The scraped samples: {(name, frozenset(labels)): value}."""
+    with urllib.request.urlopen(url_, timeout=30) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.fixture
+def url(tmp_path) -> str:
+    root = str(tmp_path / "kl")
+    Cluster(root)          # create it
+    return root
+
+
+@pytest.fixture
+def cluster(url) -> Cluster:
+    return Cluster(url, create=False)
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+@pytest.fixture
+def coordinator_defaults() -> dict:
+    """Options every coordinator a test starts gets unless it says otherwise (a test module
+    overrides this fixture to change them)."""
+    return {}
+
+
+@pytest.fixture
+def coordinators(coordinator_defaults):
+    """``coordinators(cluster, **options)`` starts a Coordinator (the test's token and a short
+    lease); every one is stopped, its lease released, after the test."""
+    started = []
+
+    def make(cluster, **kwargs):
+        kwargs = {"token": TOKEN, "lease_ms": LEASE_MS, **coordinator_defaults, **kwargs}
+        c = Coordinator(cluster, **kwargs).start()
+        started.append(c)
+        return c
+    yield make
+    for c in started:
+        c.stop()
 
 
 class Service:

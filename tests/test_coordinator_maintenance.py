@@ -12,14 +12,14 @@ lease renewals), never after a sleep.
 from __future__ import annotations
 
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from cli_support import REPO, run_cli
-from coordinator_support import DEADLINE_S, services  # noqa: F401 (a fixture)
+from cli_support import run_cli
+from coordinator_support import (  # noqa: F401 (fixtures)
+    CONF, DEADLINE_S, LEASE_MS, TOKEN, cluster, coordinators, eventually, metrics_of, services,
+    token_file, url)
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster import lease as L
 from pyspark_kafkalog.cluster.cluster import Cluster
@@ -32,32 +32,9 @@ from pyspark_kafkalog.coordinator.service import Coordinator
 from pyspark_kafkalog.errors import FencedCoordinatorError, InvalidConfigError
 from pyspark_kafkalog.format.records import Record
 
-TOKEN = "fedcba9876543210" * 4
-LEASE_MS = 1500
 FAST = {"log.retention.check.interval.ms": "200"}        # the others keep Kafka's minutes
-CONF = REPO / "conf"
 RUNS = "kafkalog_coordinator_maintenance_runs_total"
 FAILURES = "kafkalog_coordinator_maintenance_failures_total"
-
-
-def eventually(predicate, what: str, deadline_s: float = DEADLINE_S):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"never happened: {what}")
-        time.sleep(0.05)
-
-
-def metrics_of(url_: str) -> dict:
-    """The scraped samples: {(name, frozenset(labels)): value}."""
-    with urllib.request.urlopen(url_, timeout=30) as resp:
-        assert resp.status == 200
-        text = resp.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def runs_of(m: dict, kind: str, name: str = RUNS) -> float:
@@ -69,39 +46,8 @@ def no_runs(m: dict) -> bool:
 
 
 @pytest.fixture
-def url(tmp_path) -> str:
-    root = str(tmp_path / "kl")
-    Cluster(root)
-    return root
-
-
-@pytest.fixture
-def cluster(url) -> Cluster:
-    return Cluster(url, create=False)
-
-
-@pytest.fixture
-def token_file(tmp_path):
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    path.chmod(0o600)
-    return str(path)
-
-
-@pytest.fixture
-def coordinators():
-    started = []
-
-    def make(cluster, **kwargs):
-        kwargs.setdefault("token", TOKEN)
-        kwargs.setdefault("lease_ms", LEASE_MS)
-        kwargs.setdefault("tick_interval_ms", 50)
-        c = Coordinator(cluster, **kwargs).start()
-        started.append(c)
-        return c
-    yield make
-    for c in started:
-        c.stop()
+def coordinator_defaults() -> dict:
+    return {"tick_interval_ms": 50}
 
 
 def expired_segments(url: str, topic: str = "t"):

@@ -13,15 +13,15 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from cli_support import REPO, run_cli
-from coordinator_support import DEADLINE_S, services  # noqa: F401 (a fixture)
+from coordinator_support import (  # noqa: F401 (fixtures)
+    CONF, DEADLINE_S, LEASE_MS, TOKEN, cluster, coordinators, coordinator_defaults, eventually,
+    metrics_of, services, token_file, url)
 from pyspark_kafkalog.cluster import lease as L
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.coordinator import connect, start
@@ -34,70 +34,6 @@ from pyspark_kafkalog.errors import (CoordinatorAuthenticationError,
                                      CoordinatorLeaseHeldError, CoordinatorNotAvailableError,
                                      FencedCoordinatorError, InvalidConfigError,
                                      KafkaStorageError, NotControllerError)
-
-TOKEN = "0123456789abcdef" * 4
-LEASE_MS = 1500
-CONF = REPO / "conf"
-
-
-def eventually(predicate, what: str, deadline_s: float = DEADLINE_S):
-    """Poll ``predicate`` until it returns something true; fail naming ``what`` if it never
-    does within a deadline far beyond what the tests need."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"never happened: {what}")
-        time.sleep(0.05)
-
-
-@pytest.fixture
-def url(tmp_path) -> str:
-    root = str(tmp_path / "kl")
-    Cluster(root)          # create it
-    return root
-
-
-@pytest.fixture
-def cluster(url) -> Cluster:
-    return Cluster(url, create=False)
-
-
-@pytest.fixture
-def token_file(tmp_path):
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    path.chmod(0o600)
-    return str(path)
-
-
-@pytest.fixture
-def coordinators():
-    """Coordinators started by a test, stopped (lease released) after it."""
-    started = []
-
-    def make(cluster, **kwargs):
-        kwargs.setdefault("token", TOKEN)
-        kwargs.setdefault("lease_ms", LEASE_MS)
-        c = Coordinator(cluster, **kwargs).start()
-        started.append(c)
-        return c
-    yield make
-    for c in started:
-        c.stop()
-
-
-def metrics_of(url_: str) -> dict:
-    """The scraped samples: {(name, frozenset(labels)): value}."""
-    with urllib.request.urlopen(url_, timeout=30) as resp:
-        assert resp.status == 200
-        assert resp.headers["Content-Type"].startswith("text/plain")
-        text = resp.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
 
 # -- RPC and its token ---------------------------------------------------------------------------
 
