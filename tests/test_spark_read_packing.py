@@ -183,22 +183,29 @@ def test_packing_options_are_checked(ks, many):
         sum(PER + p for p in range(PARTITIONS))
 
 
+def _planned_small_topic(root: str, topic: str, partitions: int, records: int):
+    """A topic of small partitions and a batch reader's plan of it: (reader, splits)."""
+    from pyspark_kafkalog.admin import Admin
+    from pyspark_kafkalog.format.records import Record
+    from pyspark_kafkalog.spark.read_options import ReadOptions
+    from pyspark_kafkalog.spark.reader import KafkaLogReader
+    admin = Admin(root)
+    admin.create_topic(topic, partitions)
+    for p in range(partitions):
+        admin.produce(topic, [Record(b"k", b"v%d" % i, 1_700_000_000_000)
+                              for i in range(records)], partition=p)
+    reader = KafkaLogReader(ReadOptions.parse({"path": root, "subscribe": topic}), None)
+    return reader, reader.partitions()
+
+
 def test_data_loss_inside_a_packed_task_names_the_partition_and_range(tmp_path):
     """A segment deleted after planning, in the second range of a packed task: the error names
     that partition and its offsets (Spark's reader path, without a session)."""
-    from pyspark_kafkalog.admin import Admin
     from pyspark_kafkalog.errors import OffsetOutOfRangeError
-    from pyspark_kafkalog.format.records import Record
     from pyspark_kafkalog.spark.read_options import ReadOptions
     from pyspark_kafkalog.spark.reader import KafkaLogInputPartition, KafkaLogReader
     root = str(tmp_path / "c")
-    admin = Admin(root)
-    admin.create_topic("lost", 3)
-    for p in range(3):
-        admin.produce("lost", [Record(b"k", b"v%d" % i, 1_700_000_000_000) for i in range(5)],
-                      partition=p)
-    reader = KafkaLogReader(ReadOptions.parse({"path": root, "subscribe": "lost"}), None)
-    splits = reader.partitions()
+    reader, splits = _planned_small_topic(root, "lost", 3, 5)
     assert len(splits) == 1 and len(splits[0].value.ranges) == 3
     victim = splits[0].value.ranges[1]
     log_dir = os.path.join(root, victim.handle.dir)
@@ -222,19 +229,9 @@ def test_a_packed_task_opens_its_partitions_from_the_planners_listing(tmp_path, 
     """The planner listed every partition's segments: the task reads from that listing (no
     listing of its own) and, the segments being mapped, reads no offset index to bound its
     chunks; the rows are the same."""
-    from pyspark_kafkalog.admin import Admin
-    from pyspark_kafkalog.format.records import Record
-    from pyspark_kafkalog.spark.read_options import ReadOptions
-    from pyspark_kafkalog.spark.reader import KafkaLogInputPartition, KafkaLogReader
+    from pyspark_kafkalog.spark.reader import KafkaLogInputPartition
     from pyspark_kafkalog.storage.local import LocalStorage
-    root = str(tmp_path / "c")
-    admin = Admin(root)
-    admin.create_topic("many", 20)
-    for p in range(20):
-        admin.produce("many", [Record(b"k", b"v%d" % i, 1_700_000_000_000) for i in range(7)],
-                      partition=p)
-    reader = KafkaLogReader(ReadOptions.parse({"path": root, "subscribe": "many"}), None)
-    splits = reader.partitions()
+    reader, splits = _planned_small_topic(str(tmp_path / "c"), "many", 20, 7)
     calls = []
     for name in ("list", "read", "read_into", "map"):
         real = getattr(LocalStorage, name)
