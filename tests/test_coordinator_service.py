@@ -140,15 +140,37 @@ def test_the_metrics_endpoint_serves_prometheus_text_of_this_coordinator_only(
     assert ("kafkalog_coordinator_maintenance_failures_total",
             frozenset({("kind", "retention")})) not in m
     assert all(now > 1e9 for now in calls)          # seconds since the epoch, like time.time()
-    # only what is measured today: no replication placeholders, nothing from the global registry
+    # only what is measured today: no replication lag yet, nothing from the global registry
     names = {name for name, _ in m}
-    assert not any(w in n for n in names for w in ("lag", "isr", "under_replicated"))
+    assert not any("lag" in n for n in names)
     assert not any(n.startswith(("python_", "process_")) for n in names)
     # the standby's own registry
     s = metrics_of(other.metrics_url)
     assert s[("kafkalog_coordinator_active", frozenset())] == 0
     assert s[("kafkalog_coordinator_epoch", frozenset())] == 0
     assert not any(n.startswith("kafkalog_coordinator_maintenance_runs") for n, _ in s)
+
+
+def test_the_replication_gauges_count_what_the_metadata_says(tmp_path, coordinators):
+    """Followers are placed but not copied to yet, so every partition with two replicas is
+    under-replicated, and under min.insync.replicas=2; the gauges follow the metadata at each
+    scrape, and the Status answer carries them."""
+    from pyspark_kafkalog.admin import Admin
+    admin = Admin(str(tmp_path / "c"))
+    admin.create_topic("single", 2)
+    c = coordinators(Cluster(admin.cluster.url, create=False))
+    gauges = lambda: {n[len("kafkalog_coordinator_"):]: v
+                      for (n, labels), v in metrics_of(c.metrics_url).items()
+                      if n.endswith(("partitions", "_partitions_count"))}
+    assert gauges() == {"partitions": 2, "under_replicated_partitions": 0,
+                        "under_min_isr_partitions": 0}
+    admin.add_log_dir(str(tmp_path / "second"))
+    admin.create_topic("pair", 4, replication_factor=2, configs={"min.insync.replicas": "2"})
+    admin.create_topic("loose", 3, replication_factor=2)
+    assert gauges() == {"partitions": 9, "under_replicated_partitions": 7,
+                        "under_min_isr_partitions": 4}
+    with CoordinatorClient(c.address, TOKEN) as client:
+        assert client.status()["metrics"]["under_replicated_partitions"] == 7
 
 
 # -- discovery -----------------------------------------------------------------------------------

@@ -360,9 +360,8 @@ class Cluster:
         for p in range(info["partitions"]):
             ps = state.partition(topic, p)
             replicas = info["replicas"][p]
-            # the ISR is the leader alone until followers are copied to (§1.2)
             parts.append({"partition": p, "leader": replicas[0], "replicas": replicas,
-                          "isr": replicas[:1], "leader_epoch": ps.leader_epoch,
+                          "isr": in_sync_replicas(replicas), "leader_epoch": ps.leader_epoch,
                           "log_start_offset": ps.log_start_offset,
                           "high_watermark": ps.high_watermark})
         return {"topic": topic, "topic_id": info["topic_id"], "partitions": parts,
@@ -468,3 +467,23 @@ class Cluster:
             return []
         _, _, results = self.submit([A.Abort(txns=expired, reason="expired")])
         return list(getattr(results[0], "aborted", []))
+
+
+def in_sync_replicas(replicas: List[str]) -> List[str]:
+    """A partition's ISR: its leader alone until followers are copied to (§1.2)."""
+    return replicas[:1]
+
+
+def replication_summary(state: ClusterState) -> Dict[str, int]:
+    """Kafka's ReplicaManager gauges over every partition: how many there are, how many have
+    an ISR smaller than their replicas (``UnderReplicatedPartitions``) and how many an ISR
+    smaller than their topic's ``min.insync.replicas`` (``UnderMinIsrPartitionCount``)."""
+    out = {"partitions": 0, "under_replicated_partitions": 0, "under_min_isr_partitions": 0}
+    for topic, info in state.topics.items():
+        min_isr = state.topic_config(topic).min_insync_replicas
+        for replicas in info["replicas"]:
+            isr = len(in_sync_replicas(replicas))
+            out["partitions"] += 1
+            out["under_replicated_partitions"] += isr < len(replicas)
+            out["under_min_isr_partitions"] += isr < min_isr
+    return out

@@ -3,14 +3,19 @@
 Each coordinator has its own ``CollectorRegistry``, not prometheus_client's global one: two
 coordinators in one process (tests; a driver that runs one per cluster) must not share counters,
 and a process that never starts one must export nothing. Only what is measured today is
-exported: replication lag, ISR size and under-replicated partitions arrive with replication, not
-as placeholders before it (docs/coordinator.md, "Metrics").
+exported: the replication gauges count what the metadata says today (followers are placed but
+not copied to, so every partition with more than one replica is under-replicated); replication
+lag arrives with the copying, not as a placeholder before it (docs/coordinator.md, "Metrics").
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional
+import logging
+from typing import Callable, Dict, Mapping, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger(__name__)
 
 PREFIX = "kafkalog_coordinator"
 
@@ -45,6 +50,11 @@ class CoordinatorMetrics:
                                      registry=r)
         self._server = None
         self._thread = None
+
+    def watch_replication(self, summary: Callable[[], Mapping[str, int]]) -> None:
+        """Export ``summary()`` (``cluster.replication_summary`` of the current state), computed
+        at each scrape: counts of partitions, so never stale and never a placeholder."""
+        self.registry.register(_ReplicationCollector(summary))
 
     def count_runs(self, runs) -> None:
         """What a maintenance hook reports it ran: runs with ``.kind`` and ``.ok`` (the
@@ -89,6 +99,32 @@ class CoordinatorMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+_REPLICATION = {
+    "partitions": "Partitions in the cluster",
+    "under_replicated_partitions": "Partitions whose ISR is smaller than their replicas "
+                                   "(Kafka's UnderReplicatedPartitions)",
+    "under_min_isr_partitions": "Partitions whose ISR is smaller than their topic's "
+                                "min.insync.replicas (Kafka's UnderMinIsrPartitionCount)",
+}
+
+
+class _ReplicationCollector:
+    def __init__(self, summary: Callable[[], Mapping[str, int]]):
+        self._summary = summary
+
+    def describe(self):   # without reading the cluster when registered
+        return [GaugeMetricFamily(f"{PREFIX}_{k}", h) for k, h in _REPLICATION.items()]
+
+    def collect(self):
+        try:
+            values = self._summary()
+        except Exception as exc:   # a scrape must not fail for the storage's trouble
+            log.warning("replication metrics unavailable: %s", exc)
+            return
+        for key, help_ in _REPLICATION.items():
+            yield GaugeMetricFamily(f"{PREFIX}_{key}", help_, value=values[key])
 
 
 def metrics_url(host: str, port: Optional[int]) -> Optional[str]:

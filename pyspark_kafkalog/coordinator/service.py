@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Callable, List, Mapping, Optional, Sequence, Union
 
+from ..cluster.cluster import replication_summary
 from ..cluster.lease import (CoordinatorLease, acquire, current_lease, new_holder_id, release,
                              renew)
 from ..errors import (CoordinatorLeaseHeldError, FencedCoordinatorError, InvalidConfigError,
@@ -134,6 +135,7 @@ class Coordinator:
         #: maintenance hooks; may be appended to before start()
         self.ticks: List[Tick] = ([self.scheduler.tick] if self.scheduler else []) + list(ticks)
         self.metrics = CoordinatorMetrics()
+        self.metrics.watch_replication(lambda: replication_summary(cluster.state()))
         #: why the service ended: None while it runs, "stopped" or "fenced" (on_fenced="exit")
         self.exit_reason: Optional[str] = None
         self.address: Optional[str] = None
