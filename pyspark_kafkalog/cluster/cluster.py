@@ -108,9 +108,7 @@ class Cluster:
 
     def _load_or_create(self, create: bool) -> dict:
         try:
-            meta = _check_identity(self.storage.read(CLUSTER_FILE))
-            self.storage.set_local(meta["logdirs"])
-            return meta
+            return _check_identity(self.storage.read(CLUSTER_FILE))
         except StorageNotFoundError:
             if not create:
                 raise UnknownTopicOrPartitionError(
@@ -120,10 +118,8 @@ class Cluster:
         try:
             self.storage.create_if_absent(CLUSTER_FILE, json.dumps(meta, indent=1).encode())
         except AlreadyExistsError:
-            meta = _check_identity(self.storage.read(CLUSTER_FILE))
-            self.storage.set_local(meta["logdirs"])
-            return meta
-        self.storage.set_local(meta["logdirs"])
+            return _check_identity(self.storage.read(CLUSTER_FILE))
+        self.storage.set_local(meta["logdirs"])   # before its log dirs are first written
         for d in meta["logdirs"]:
             LogDir(self.storage, d).ensure_meta(cluster_id=meta["cluster_id"], node_id=0)
         return meta
