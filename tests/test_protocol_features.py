@@ -62,7 +62,7 @@ FUTURE = {
     "unknown field": {"version": 1, "writer": "w", "timestamp": 1,
                       "actions": [{"op": "commit", "txns": [], "isr": ["logdir-1"]}]},
     "reader feature": {"version": 1, "writer": "w", "timestamp": 1,
-                       "actions": [{"op": "protocol", "reader_features": ["replication"]}]},
+                       "actions": [{"op": "protocol", "reader_features": ["someFutureFeature"]}]},
 }
 
 

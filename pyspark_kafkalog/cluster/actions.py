@@ -263,6 +263,38 @@ class AddLogDir(Action):
                                            factory=dict)
 
 
+def check_span(v) -> Optional[str]:
+    if not isinstance(v, list) or len(v) != 2:
+        return f"expected [start, end], got {v!r:.60}"
+    return list_of(check_int)(v)
+
+
+ISR_STATE = record_of({"partition_epoch": (check_int, True), "isr": (list_of(check_str), True),
+                       "joining": (list_of(check_str), True)})
+
+
+@dataclass(frozen=True)
+class ReplicaProgress(Action):
+    """Ranges the coordinator copied to followers and checked: reader feature ``replication``
+    (docs/protocol.md §1.3). A copy counts only once this action names it."""
+    OP: ClassVar[str] = "replica_progress"
+    coordinator_epoch: int = spec(check_int)
+    topic_ids: Dict[str, str] = spec(dict_of(check_str, check_str))
+    partitions: Dict[str, Dict[str, List[List[int]]]] = spec(
+        dict_of(check_tp_key, dict_of(check_str, list_of(check_span))))
+
+
+@dataclass(frozen=True)
+class AlterIsr(Action):
+    """Kafka's AlterPartition: new in-sync and joining replicas per partition, each under its
+    partition epoch; reader feature ``replication`` (docs/protocol.md §1.3)."""
+    OP: ClassVar[str] = "alter_isr"
+    coordinator_epoch: int = spec(check_int)
+    topic_ids: Dict[str, str] = spec(dict_of(check_str, check_str))
+    partitions: Dict[str, dict] = spec(dict_of(check_tp_key, ISR_STATE))
+    reason: Optional[str] = spec(optional(check_str), required=False, default=None)
+
+
 @dataclass(frozen=True)
 class Abort(Action):
     OP: ClassVar[str] = "abort"
@@ -343,6 +375,12 @@ class LogStartResult(Result):
 @dataclass(frozen=True)
 class SetLogStartResult(Result):
     partitions: Dict[str, LogStartResult] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartitionsResult(Result):
+    """Per partition, ``NONE`` or an error: the valid partitions of the action applied."""
+    partitions: Dict[str, Result] = field(default_factory=dict)
 
 
 def error(name: str, message: str = "") -> Result:

@@ -22,6 +22,8 @@ STREAMING_SINK = "streamingSink"
 COORDINATOR_LEASE = "coordinatorLease"
 #: log dirs at other URLs than the root, registered in the metadata log (§1.1)
 LOG_DIR_REGISTRY = "logDirRegistry"
+#: followers copied to, the ISR and the stored high watermark (§1.3)
+REPLICATION = "replication"
 
 #: name -> what it means; the features this client implements
 READER_FEATURES: Dict[str, str] = {
@@ -31,6 +33,8 @@ READER_FEATURES: Dict[str, str] = {
                        "actions carrying an older coordinator_epoch are fenced",
     LOG_DIR_REGISTRY: "add_log_dir actions: log dirs at other URLs than the cluster's root "
                       "(another bucket, another disk), where replicas are placed and read",
+    REPLICATION: "replica_progress and alter_isr actions: followers hold copies, the ISR, and a "
+                 "high watermark that waits for the ISR (visible = held by every ISR member)",
 }
 WRITER_FEATURES: Dict[str, str] = {}
 

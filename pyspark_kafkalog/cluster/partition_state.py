@@ -1,5 +1,6 @@
 """One partition's offsets in the replayed state: ranges reserved, committed and aborted, the
-log start offset and the leader epoch (docs/protocol.md §3-§5).
+log start offset, the leader epoch and, for a replicated partition, its ISR and stored high
+watermark (docs/protocol.md §1.3, §3-§5; the replication rules are in ``isr.py``).
 
 Partition states are shared between successive cluster states (copy-on-write, see
 ``state.ClusterState``): a handler that changes one first takes a private copy with
@@ -24,11 +25,12 @@ class PartitionState:
     """Offsets of one partition. Ranges are ``[start, end, leader_epoch]``, end exclusive."""
 
     __slots__ = ("next_offset", "log_start_offset", "leader_epoch", "last_producer", "open",
-                 "committed", "aborted")
+                 "committed", "aborted", "replication")
 
     def __init__(self, next_offset: int = 0, log_start_offset: int = 0, leader_epoch: int = -1,
                  last_producer: Optional[str] = None, open_: Optional[dict] = None,
-                 committed: Optional[list] = None, aborted: Optional[list] = None):
+                 committed: Optional[list] = None, aborted: Optional[list] = None,
+                 replication: Optional[dict] = None):
         self.next_offset = next_offset
         self.log_start_offset = log_start_offset
         self.leader_epoch = leader_epoch
@@ -39,13 +41,25 @@ class PartitionState:
         # merged: cleanup deletes a segment only on this positive evidence (or the log start
         # offset), never because a range is merely absent from ``committed``
         self.aborted: List[list] = [] if aborted is None else aborted
+        #: None unless the partition is replicated under the feature ``replication`` (§1.3):
+        #: isr, joining, partition_epoch, held {log dir: [[start, end]...]}, high_watermark.
+        #: Replaced, or its top-level keys set, never changed deeper (clones share the rest).
+        self.replication: Optional[dict] = replication
 
     @property
-    def high_watermark(self) -> int:
-        """Start of the lowest open reservation: the HW moves only over resolved writes."""
+    def last_stable_offset(self) -> int:
+        """Start of the lowest open reservation: it moves only over resolved writes."""
         if self.open:
             return min(r[0] for r in self.open.values())
         return self.next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """Where visible data ends: the last stable offset, or for a replicated partition the
+        stored high watermark, which also waits for the ISR to hold the data (§1.3)."""
+        if self.replication is not None:
+            return self.replication["high_watermark"]
+        return self.last_stable_offset
 
     def visible_ranges(self) -> List[Tuple[int, int, int]]:
         """Committed ``(start, end, epoch)`` clipped to ``[log start offset, high watermark)``."""
@@ -134,31 +148,57 @@ class PartitionState:
     def clone(self) -> "PartitionState":
         return PartitionState(self.next_offset, self.log_start_offset, self.leader_epoch,
                               self.last_producer, {k: list(r) for k, r in self.open.items()},
-                              [list(r) for r in self.committed], [list(r) for r in self.aborted])
+                              [list(r) for r in self.committed], [list(r) for r in self.aborted],
+                              None if self.replication is None else dict(self.replication))
 
     def to_json(self) -> dict:
-        return {"next_offset": self.next_offset, "log_start_offset": self.log_start_offset,
-                "leader_epoch": self.leader_epoch, "last_producer": self.last_producer,
-                "open": self.open, "committed": self.committed, "aborted": self.aborted}
+        out = {"next_offset": self.next_offset, "log_start_offset": self.log_start_offset,
+               "leader_epoch": self.leader_epoch, "last_producer": self.last_producer,
+               "open": self.open, "committed": self.committed, "aborted": self.aborted}
+        if self.replication is not None:
+            out["replication"] = self.replication
+        return out
 
     def to_row(self) -> list:
-        """The compact form of a snapshot part (docs/protocol.md §2): positions, not keys."""
-        return [self.next_offset, self.log_start_offset, self.leader_epoch, self.last_producer,
-                self.open, self.committed, self.aborted]
+        """The compact form of a snapshot part (docs/protocol.md §2): positions, not keys; a
+        replicated partition's row has an eighth element, its replication state."""
+        row = [self.next_offset, self.log_start_offset, self.leader_epoch, self.last_producer,
+               self.open, self.committed, self.aborted]
+        if self.replication is not None:
+            row.append(self.replication)
+        return row
 
     @classmethod
     def from_row(cls, row: list) -> "PartitionState":
         """From a freshly decoded part (its lists are this state's own); the part's hash has
         been checked, and a row of the wrong shape raises TypeError or ValueError."""
-        n, lso, epoch, producer, open_, committed, aborted = row
+        n, lso, epoch, producer, open_, committed, aborted, *rest = row
+        replication = rest[0] if len(rest) == 1 else None
         if not (type(n) is int and type(lso) is int and type(epoch) is int
-                and type(open_) is dict and type(committed) is list and type(aborted) is list):
+                and type(open_) is dict and type(committed) is list and type(aborted) is list
+                and len(rest) <= 1 and (not rest or check_replication(replication))):
             raise ValueError(f"partition row of the wrong shape: {row!r:.80}")
-        return cls(n, lso, epoch, producer, open_, committed, aborted)
+        return cls(n, lso, epoch, producer, open_, committed, aborted, replication)
 
     @classmethod
     def from_json(cls, d: dict) -> "PartitionState":
         return cls(d["next_offset"], d["log_start_offset"], d["leader_epoch"],
                    d.get("last_producer"), {k: list(r) for k, r in (d.get("open") or {}).items()},
                    [list(r) for r in d.get("committed") or []],
-                   [list(r) for r in d.get("aborted") or []])
+                   [list(r) for r in d.get("aborted") or []],
+                   dict(d["replication"]) if d.get("replication") else None)
+
+
+def check_replication(rep) -> bool:
+    """A snapshot's replication state has its shape (snapshots are derived data: a wrong one
+    is refused, and the reader falls back to an older snapshot or to replay)."""
+    def strs(v):
+        return type(v) is list and all(type(x) is str for x in v)
+
+    def ranges(v):
+        return type(v) is list and all(type(r) is list and len(r) == 2
+                                       and all(type(x) is int for x in r) for r in v)
+    return (type(rep) is dict and strs(rep.get("isr")) and strs(rep.get("joining"))
+            and type(rep.get("partition_epoch")) is int and type(rep.get("high_watermark")) is int
+            and type(rep.get("held")) is dict
+            and all(type(k) is str and ranges(v) for k, v in rep["held"].items()))

@@ -10,11 +10,18 @@ from .actions import (ACL, REPLICAS, check_int, check_range, check_str, check_tp
 
 SNAPSHOT_VERSIONS = (1, 2)
 
+
+def _replication(v) -> Optional[str]:
+    from .partition_state import check_replication
+    return None if check_replication(v) else f"not a replication state: {v!r:.60}"
+
+
 _PARTITION = record_of({"next_offset": (check_int, True), "log_start_offset": (check_int, True),
                       "leader_epoch": (check_int, True), "last_producer": (optional(check_str), False),
                       "open": (dict_of(check_str, check_range), True),
                       "committed": (list_of(check_range), True),
-                      "aborted": (list_of(list_of(check_int)), False)})
+                      "aborted": (list_of(list_of(check_int)), False),
+                      "replication": (_replication, False)})
 _TOPIC = record_of({"topic_id": (check_str, True), "partitions": (check_int, True),
                   "replicas": (REPLICAS, True), "configs": (dict_of(check_str, check_str), True)})
 _TXN = record_of({"deadline": (check_int, True), "producer": (check_str, True),

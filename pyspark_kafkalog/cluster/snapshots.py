@@ -130,7 +130,10 @@ def _assemble(storage, log_dir: str, snap: dict, parts: Dict[str, str]) -> Clust
     """The state from a verified manifest. Its checksum and every part's hash prove the bytes
     are the ones a client wrote, so only the shape needed to build the state is checked (a
     cold open of 100,000 partitions must not spend seconds re-validating them)."""
+    from .features import check_readable
     from .partition_state import PartitionState
+    # a newer cluster's parts may have rows this client cannot parse: say why, not "corrupt"
+    check_readable(snap.get("reader_features") or [], f"snapshot at {snap.get('seq')}")
     flat = {"version": 2, "seq": snap.get("seq"), "timestamp": snap.get("timestamp"),
             "topics": {}, "partitions": {}, **{k: snap.get(k) for k in INLINE}}
     partitions = {}

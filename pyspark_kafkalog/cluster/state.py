@@ -20,8 +20,9 @@ from ..errors import (CorruptRecordError, InvalidConfigError, InvalidTopicError,
 from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
 from . import actions as A
-from .features import (COORDINATOR_LEASE, LOG_DIR_REGISTRY, STREAMING_SINK, check_readable,
-                       unknown_features)
+from . import isr as R
+from .features import (COORDINATOR_LEASE, LOG_DIR_REGISTRY, REPLICATION, STREAMING_SINK,
+                       check_readable, unknown_features)
 from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
 from .snapshot_shape import check_snapshot
@@ -313,7 +314,82 @@ class ClusterState:
         self._mark(f"t/{topic}")
         for p in range(n):
             self._new_partition(tp_key(topic, p))
+            self._start_replication(topic, p)
         return A.Result()
+
+    def _start_replication(self, topic: str, p: int) -> None:
+        """A partition with more than one replica is replicated once the cluster has the
+        feature ``replication`` (§1.3); before it, and with one replica, its high watermark is
+        its last stable offset."""
+        replicas = self.topics[topic]["replicas"][p]
+        key = tp_key(topic, p)
+        if REPLICATION in self.reader_features and len(replicas) > 1 \
+                and self.partitions[key].replication is None:
+            ps = self._partition_w(key)
+            ps.replication = R.new_replication(ps, replicas[0])
+
+    def _refresh_hw(self, key: str) -> None:
+        """Recompute a replicated partition's high watermark after a change (§1.3); the caller
+        has taken the partition for writing."""
+        ps = self.partitions[key]
+        if ps.replication is None:
+            return
+        topic, p = split_key(key)
+        info = self.topics[topic]
+        R.recompute_high_watermark(ps, info["replicas"][p],
+                                   self.topic_config(topic).min_insync_replicas)
+
+    def _replicated(self, key: str, topic_ids: Dict[str, str]) -> Optional[A.Result]:
+        """Why a coordinator's replication action cannot apply to one partition, or None."""
+        topic, _ = split_key(key)
+        ps = self.partitions.get(key)
+        if ps is None or self.topics[topic]["topic_id"] != topic_ids.get(topic):
+            return A.error("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key} of topic id "
+                           f"{topic_ids.get(topic)}")
+        if ps.replication is None:
+            return A.error("INVALID_REQUEST", f"{key} is not replicated")
+        return None
+
+    def _replica_progress(self, a: A.ReplicaProgress, ts: int) -> A.Result:
+        """Ranges copied to followers and checked (§1.3): valid partitions apply."""
+        if REPLICATION not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"replica_progress needs the feature {REPLICATION}")
+        out: Dict[str, A.Result] = {}
+        for key, ranges in a.partitions.items():
+            topic, p = split_key(key)
+            bad = self._replicated(key, a.topic_ids)
+            if bad is None:
+                why = R.check_progress(self.partitions[key], self.topics[topic]["replicas"][p],
+                                       ranges)
+                bad = None if why is None else A.error("INVALID_REQUEST", why)
+            if bad is not None:
+                out[key] = bad
+                continue
+            R.apply_progress(self._partition_w(key), ranges)
+            self._refresh_hw(key)
+            out[key] = A.Result()
+        return A.PartitionsResult(partitions=out)
+
+    def _alter_isr(self, a: A.AlterIsr, ts: int) -> A.Result:
+        """Kafka's AlterPartition (§1.3): valid partitions apply, each under its epoch."""
+        if REPLICATION not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"alter_isr needs the feature {REPLICATION}")
+        out: Dict[str, A.Result] = {}
+        for key, change in a.partitions.items():
+            topic, p = split_key(key)
+            bad = self._replicated(key, a.topic_ids)
+            if bad is None:
+                why = R.check_isr_change(self.partitions[key], self.topics[topic]["replicas"][p],
+                                         change["partition_epoch"], change["isr"],
+                                         change["joining"])
+                bad = None if why is None else A.error(*why)
+            if bad is not None:
+                out[key] = bad
+                continue
+            R.apply_isr_change(self._partition_w(key), change["isr"], change["joining"])
+            self._refresh_hw(key)
+            out[key] = A.Result()
+        return A.PartitionsResult(partitions=out)
 
     def _duplicate_replicas(self, replicas: List[List[str]]) -> Optional[str]:
         """Two replicas of one partition in one log dir (§1.2). Checked only once the cluster has
@@ -386,6 +462,11 @@ class ClusterState:
         except InvalidConfigError as exc:
             return A.error("INVALID_CONFIG", str(exc))
         self._topic_w(topic)["configs"] = configs
+        for p in range(self.topics[topic]["partitions"]):
+            key = tp_key(topic, p)
+            if self.partitions[key].replication is not None:   # min.insync.replicas may change
+                self._partition_w(key)
+                self._refresh_hw(key)
         return A.Result()
 
     def _create_partitions(self, a: A.CreatePartitions, ts: int) -> A.Result:
@@ -406,6 +487,8 @@ class ClusterState:
             self._new_partition(tp_key(topic, p))
         info["replicas"] = info["replicas"] + [list(r) for r in a.replicas]
         info["partitions"] = a.total
+        for p in range(current, a.total):
+            self._start_replication(topic, p)
         return A.Result()
 
     def _reserve(self, a: A.Reserve, ts: int) -> A.Result:
@@ -465,6 +548,7 @@ class ClusterState:
                     p = self._partition_w(key)
                     p.open.pop(txn, None)
                     p.add_committed(start, end, epoch)
+                    self._refresh_hw(key)
             self._decide(txn, "committed")
         return A.Result()
 
@@ -561,6 +645,7 @@ class ClusterState:
                     p = self._partition_w(key)
                     p.open.pop(txn, None)
                     p.add_aborted(start, end)
+                    self._refresh_hw(key)
             self._decide(txn, "aborted")
             aborted.append(txn)
         return A.AbortResult(aborted=aborted, skipped=skipped)
@@ -597,6 +682,7 @@ class ClusterState:
                 p.log_start_offset = offset
                 p.committed = [r for r in p.committed if r[1] > offset]
                 p.aborted = [[max(r[0], offset), r[1]] for r in p.aborted if r[1] > offset]
+                R.clip_held(p)
             out[key] = A.LogStartResult(low_watermark=p.log_start_offset)
         return A.SetLogStartResult(partitions=out)
 
@@ -629,6 +715,10 @@ class ClusterState:
         for f in a.writer_features:
             if f not in self.writer_features:
                 self.writer_features.append(f)
+        if REPLICATION in a.reader_features:
+            for topic, info in self.topics.items():
+                for p in range(info["partitions"]):
+                    self._start_replication(topic, p)
         return A.Result()
 
     def _decide(self, txn: str, outcome: str) -> None:
@@ -653,5 +743,7 @@ HANDLERS = {
     A.SetLogStart: ClusterState._set_log_start,
     A.AclChange: ClusterState._acl,
     A.EnableFeatures: ClusterState._protocol,
+    A.ReplicaProgress: ClusterState._replica_progress,
+    A.AlterIsr: ClusterState._alter_isr,
 }
 assert set(HANDLERS) == set(A.ACTIONS.values()), "every action needs a handler"

@@ -1,0 +1,141 @@
+"""A replicated partition's ISR and high watermark, as replay computes them (docs/protocol.md
+§1.3, reader feature ``replication``).
+
+Offsets are allocated once by the metadata log and every copy is a byte copy, so replication
+never decides what an offset means: only which log dirs hold which committed ranges (``held``,
+what the coordinator's ``replica_progress`` says it copied and checked) and when that is enough
+to show a record (the stored high watermark). Kept apart from ``partition_state`` because these
+rules need the topic's replicas and ``min.insync.replicas``, which a partition does not know.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+from .partition_state import PartitionState
+
+
+def merge_ranges(ranges: List[list]) -> List[list]:
+    """Sorted ``[start, end)`` ranges with touching or overlapping ones joined."""
+    out: List[list] = []
+    for s, e in sorted([int(r[0]), int(r[1])] for r in ranges):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def new_replication(ps: PartitionState, leader: str) -> dict:
+    """A partition's replication state when it starts to be replicated: the leader alone in
+    sync, nothing held elsewhere, and the high watermark where readers already see it, so
+    turning replication on hides nothing that was visible."""
+    return {"isr": [leader], "joining": [], "partition_epoch": 0, "held": {},
+            "high_watermark": ps.last_stable_offset}
+
+
+def replica_end(ps: PartitionState, log_dir: str, leader: str) -> int:
+    """``end(r)``: the first committed offset at or above the log start offset that ``r`` does
+    not hold, capped at the last stable offset. The leader holds every committed range by the
+    write rule (§3); aborted ranges are gaps and need no bytes, so only committed ranges count."""
+    lso = ps.last_stable_offset
+    if ps.replication is None or log_dir == leader:
+        return lso
+    held = ps.replication["held"].get(log_dir, [])
+    i = 0
+    for start, end, _epoch in ps.committed:
+        pos = max(start, ps.log_start_offset)
+        while pos < end:
+            while i < len(held) and held[i][1] <= pos:
+                i += 1
+            if i < len(held) and held[i][0] <= pos:
+                pos = held[i][1]
+            else:
+                return min(pos, lso)
+    return lso
+
+
+def effective_min_isr(min_insync_replicas: int, replication_factor: int) -> int:
+    """Kafka's: a ``min.insync.replicas`` above the replication factor counts as the factor."""
+    return min(min_insync_replicas, replication_factor)
+
+
+def recompute_high_watermark(ps: PartitionState, replicas: Sequence[str],
+                             min_insync_replicas: int) -> None:
+    """The high watermark rises to the least end of the ISR and the joining replicas, never
+    past the last stable offset, never back, and not at all while the ISR is below the effective
+    ``min.insync.replicas`` (Kafka 3.7's rule, KAFKA-15583): "visible" means "on at least
+    min.insync.replicas roots"."""
+    rep = ps.replication
+    if rep is None:
+        return
+    leader = replicas[0]
+    candidate = ps.last_stable_offset
+    for r in rep["isr"] + rep["joining"]:
+        if r != leader:
+            candidate = min(candidate, replica_end(ps, r, leader))
+    if len(rep["isr"]) >= effective_min_isr(min_insync_replicas, len(replicas)):
+        rep["high_watermark"] = max(rep["high_watermark"], candidate)
+
+
+def clip_held(ps: PartitionState) -> None:
+    """Below the log start offset nothing is held: the data is gone everywhere."""
+    rep = ps.replication
+    if rep is None:
+        return
+    lo = ps.log_start_offset
+    rep["held"] = {d: [[max(s, lo), e] for s, e in rs if e > lo]
+                   for d, rs in rep["held"].items()}
+    rep["held"] = {d: rs for d, rs in rep["held"].items() if rs}
+    rep["high_watermark"] = max(rep["high_watermark"], lo)
+
+
+def check_progress(ps: PartitionState, replicas: Sequence[str],
+                   ranges: Dict[str, list]) -> Optional[str]:
+    """Why a ``replica_progress`` for one partition is invalid, or None."""
+    for log_dir, rs in ranges.items():
+        if log_dir not in replicas[1:]:
+            return (f"log dir {log_dir!r} is not a follower of this partition (replicas "
+                    f"{', '.join(replicas)})")
+        for r in rs:
+            if len(r) != 2 or not 0 <= r[0] < r[1] <= ps.next_offset:
+                return f"range {r!r:.60} is not within [0, next offset {ps.next_offset}]"
+    return None
+
+
+def apply_progress(ps: PartitionState, ranges: Dict[str, list]) -> None:
+    held = dict(ps.replication["held"])
+    for log_dir, rs in ranges.items():
+        held[log_dir] = merge_ranges(held.get(log_dir, []) + [list(r) for r in rs])
+    ps.replication = dict(ps.replication, held=held)
+    clip_held(ps)
+
+
+def check_isr_change(ps: PartitionState, replicas: Sequence[str], partition_epoch: int,
+                     isr: List[str], joining: List[str]) -> Optional[tuple]:
+    """(error name, message) when an ``alter_isr`` for one partition is invalid, else None."""
+    rep = ps.replication
+    if partition_epoch != rep["partition_epoch"]:
+        return ("INVALID_UPDATE_VERSION", f"partition epoch {partition_epoch} is not the "
+                f"current one, {rep['partition_epoch']}")
+    leader = replicas[0]
+    if not isr or isr[0] != leader:
+        return ("INVALID_REQUEST", f"the ISR must start with the leader {leader!r}")
+    both = isr + joining
+    if len(set(both)) != len(both) or any(r not in replicas for r in both):
+        return ("INVALID_REQUEST", "isr and joining must be distinct replicas of the partition, "
+                "and disjoint")
+    hw = rep["high_watermark"]
+    for r in isr:
+        if r not in rep["isr"]:
+            if r not in rep["joining"]:
+                return ("INELIGIBLE_REPLICA", f"{r!r} joins the ISR without having been joining")
+            end = replica_end(ps, r, leader)
+            if end < hw:
+                return ("INELIGIBLE_REPLICA", f"{r!r} holds data up to {end}, below the high "
+                        f"watermark {hw}")
+    return None
+
+
+def apply_isr_change(ps: PartitionState, isr: List[str], joining: List[str]) -> None:
+    ps.replication = dict(ps.replication, isr=list(isr), joining=list(joining),
+                          partition_epoch=ps.replication["partition_epoch"] + 1)
