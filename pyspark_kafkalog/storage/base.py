@@ -249,6 +249,43 @@ class Storage(abc.ABC):
         O_DIRECT spool keeps those blocks so as not to read them back)."""
         return None
 
+    def publish_stream(self, path: str, chunks: Iterable, *, replace: bool = False) -> None:
+        """Publish the concatenation of ``chunks`` (buffers, produced as they are consumed) at
+        ``path``: create-if-absent (:class:`AlreadyExistsError` if taken), or with ``replace`` an
+        atomic replace. If producing a chunk raises, nothing is published and the error goes on.
+
+        Why: copying a segment between stores must not hold the whole file in memory, and a
+        producer that checks what it yields (a replica copy) must be able to veto the publish
+        after the last byte. This default spools where the backend can and otherwise joins the
+        chunks (backends that only write whole objects and have no streaming upload).
+        """
+        directory, _, name = path.rpartition("/")
+        split_path(path)
+        spool = self.open_spool(directory, name) if self.can_spool else None
+        if spool is None:
+            data = b"".join(bytes(c) for c in chunks)
+            (self.replace if replace else self.create_if_absent)(path, data)
+            return
+        try:
+            for chunk in chunks:
+                spool.append([chunk])
+        except BaseException:
+            spool.discard()
+            raise
+        spool.publish(path, replace=replace)
+
+    def copy_from(self, src: "Storage", src_path: str, dst_path: str, *,
+                  replace: bool = False) -> bool:
+        """Copy ``src_path`` of ``src`` to ``dst_path`` here without the bytes passing through
+        this process, as :meth:`create_if_absent` (or :meth:`replace` with ``replace``) would
+        publish them; False, with nothing done, where this backend cannot (the default).
+
+        Why: replicas of a partition on one object store should not pay a download and an
+        upload per segment. Callers must still check the result: a backend that copies
+        promises the copy is whole, not that the source was sound.
+        """
+        return False
+
     @abc.abstractmethod
     def replace(self, path: str, data: bytes) -> None:
         """Set the whole content of ``path`` (creating it); see ``guarantees.atomic_replace``."""

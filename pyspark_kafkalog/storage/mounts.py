@@ -167,6 +167,17 @@ class MountedStorage(Storage):
         st, sub = self._route(path)
         st.replace(sub, data)
 
+    def publish_stream(self, path: str, chunks, *, replace: bool = False) -> None:
+        st, sub = self._route(path)
+        st.publish_stream(sub, chunks, replace=replace)
+
+    def copy_from(self, src: Storage, src_path: str, dst_path: str, *,
+                  replace: bool = False) -> bool:
+        st, sub = self._route(dst_path)
+        if isinstance(src, MountedStorage):
+            src, src_path = src._route(src_path)
+        return st.copy_from(src, src_path, sub, replace=replace)
+
     def replace_many(self, contents: Mapping[str, bytes]) -> None:
         for st, items in self._group(contents).values():
             st.replace_many({sub: contents[path] for path, sub in items})

@@ -18,6 +18,10 @@ from .fsspec_backends import FsspecStorage
 # AWS answers 409 ConditionalRequestConflict when two conditional writes to one key overlap; the
 # documented reaction is to retry, after which the loser gets its 412.
 _CONFLICT_RETRIES = 8
+# publish_stream's upload parts: S3 wants at least 5 MiB per part but the last
+_PART_BYTES = 8 << 20
+# CopyObject's limit; bigger objects would need a multipart copy (segments are 1 GiB by default)
+_COPY_MAX = 5 << 30
 
 
 class S3Storage(FsspecStorage):
@@ -92,6 +96,110 @@ class S3Storage(FsspecStorage):
                     raise
                 time.sleep(random.uniform(0.01, 0.05) * 2 ** attempt)
 
+    def publish_stream(self, path: str, chunks, *, replace: bool = False) -> None:
+        """A multipart upload, completed with ``If-None-Match: *`` (unless ``replace``), which
+        S3 evaluates as atomically as a conditional PUT; a stream under one part is one PUT.
+
+        Memory holds one part. If ``chunks`` raises (or the upload fails) the upload is
+        aborted and nothing appears; a process killed mid-way leaves an incomplete upload,
+        invisible to readers, which only a bucket lifecycle rule (AbortIncompleteMultipartUpload)
+        reclaims.
+        """
+        full, where = self._full(path), self._where(path)
+        key = full.split("/", 1)[1]
+        part = bytearray()
+        it = iter(chunks)
+        for chunk in it:
+            part += chunk
+            if len(part) >= _PART_BYTES:
+                break
+        else:
+            (self.replace if replace else self.create_if_absent)(path, bytes(part))
+            return
+        with storage_errors("create", where):
+            upload = self._fs.call_s3("create_multipart_upload", Bucket=self._bucket, Key=key)
+        upload_id, parts, done = upload["UploadId"], [], False
+        try:
+            while True:
+                for chunk in it:
+                    part += chunk
+                    if len(part) >= _PART_BYTES:
+                        break
+                if not part:
+                    break
+                with storage_errors("create", where):
+                    out = self._fs.call_s3("upload_part", Bucket=self._bucket, Key=key,
+                                           UploadId=upload_id, PartNumber=len(parts) + 1,
+                                           Body=bytes(part))
+                parts.append({"PartNumber": len(parts) + 1, "ETag": out["ETag"]})
+                part = bytearray()
+            condition = {} if replace else {"IfNoneMatch": "*"}
+            self._conditional("create", where, lambda: self._fs.call_s3(
+                "complete_multipart_upload", Bucket=self._bucket, Key=key, UploadId=upload_id,
+                MultipartUpload={"Parts": parts}, **condition))
+            done = True
+        finally:
+            self._fs.invalidate_cache(full)
+            if not done:
+                try:
+                    self._fs.call_s3("abort_multipart_upload", Bucket=self._bucket, Key=key,
+                                     UploadId=upload_id)
+                except Exception:   # the error that got us here matters more
+                    pass
+
+    def copy_from(self, src, src_path: str, dst_path: str, *, replace: bool = False) -> bool:
+        """CopyObject, when ``src`` is S3 at this endpoint and the object fits one CopyObject
+        (5 GiB); also False when the store refuses this client the source (AccessDenied), so
+        that the caller streams it with each storage's own credentials.
+
+        Create-if-absent sends ``If-None-Match: *``, which AWS evaluates on CopyObject as on
+        PutObject. Moto 5.2 ignores it on CopyObject, and other S3-compatible stores may too:
+        there the existence check before the copy is all that stands between a racing copy and
+        an existing object, so callers must (as the replica copier does) only ever copy bytes
+        that are equal to what they might overwrite, or check afterwards.
+        """
+        if not isinstance(src, S3Storage) or _endpoint(src._fs) != _endpoint(self._fs):
+            return False
+        if src.size(src_path) > _COPY_MAX:
+            return False
+        full, where = self._full(dst_path), self._where(dst_path)
+        src_bucket, _, src_key = src._full(src_path).partition("/")
+        if not replace and self.exists(dst_path):   # early out; the condition decides
+            raise AlreadyExistsError(f"create {where}: already exists")
+        condition = {} if replace else {"IfNoneMatch": "*"}
+        try:
+            self._conditional("copy", where, lambda: self._fs.call_s3(
+                "copy_object", Bucket=self._bucket, Key=full.split("/", 1)[1],
+                CopySource={"Bucket": src_bucket, "Key": src_key}, **condition))
+        except KafkaStorageError as e:
+            if _error_code(e.__cause__) == "AccessDenied" or _http_status(e.__cause__) == 403:
+                return False
+            if _error_code(e.__cause__) in ("NoSuchKey", "NotFound"):
+                raise StorageNotFoundError(f"copy {src._where(src_path)}: not found") from e
+            raise
+        finally:
+            self._fs.invalidate_cache(full)
+        return True
+
+    def _conditional(self, op: str, where: str, call) -> None:
+        """``call()``, a conditional write: 412 is :class:`AlreadyExistsError`, 409
+        ConditionalRequestConflict is retried (AWS's documented reaction)."""
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                with storage_errors(op, where):
+                    try:
+                        call()
+                        return
+                    except Exception as e:
+                        if _error_code(e) == "PreconditionFailed" or _http_status(e) == 412:
+                            raise AlreadyExistsError(f"{op} {where}: already exists") from e
+                        raise
+            except KafkaStorageError as e:
+                if (isinstance(e, AlreadyExistsError) or attempt == _CONFLICT_RETRIES - 1
+                        or _error_code(e.__cause__) != "ConditionalRequestConflict"):
+                    raise
+                time.sleep(random.uniform(0.01, 0.05) * 2 ** attempt)
+
     def delete(self, path: str, missing_ok: bool = True) -> None:
         # S3 DELETE succeeds on a missing key, hence the existence check for missing_ok=False
         # (racy by nature: someone may delete it between the two calls).
@@ -131,6 +239,11 @@ class S3Storage(FsspecStorage):
 
     def makedirs(self, dir_path: str) -> None:
         self._full(dir_path, allow_root=True)  # still reject bad paths
+
+
+def _endpoint(fs) -> str | None:
+    """Where an s3fs filesystem sends its requests (None: AWS's own, by region)."""
+    return getattr(fs, "endpoint_url", None) or (fs.client_kwargs or {}).get("endpoint_url")
 
 
 def _client_error(e):

@@ -1,0 +1,239 @@
+"""Copy a sealed segment from a leader replica's log dir to a follower's, byte for byte, checked.
+
+A follower's copy only counts once a later metadata action names it, and the coordinator that
+copies may die at any instant; so every file is published whole or not at all (create-if-absent
+through the storage layer), the ``.log`` last (its presence says the segment is complete), and
+the ``.log``'s batches are checked as they pass, so that a damaged leader file is never
+published as a follower's. A destination that already exists was left by an earlier,
+crashed copy: it counts if it equals the source and is replaced if not.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional
+
+from ..errors import AlreadyExistsError, CorruptRecordError, InvalidConfigError, KafkaStorageError
+from ..format.batch import (LENGTH_OFFSET, LOG_OVERHEAD, MAGIC_V2, scan_entries,
+                            torn_error)
+from ..format.checkpoint import parse_partition_metadata
+from ..log.partition import PARTITION_METADATA_FILE
+from ..log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, segment_name
+from ..storage.base import Storage, temp_name_for
+
+_log = logging.getLogger(__name__)
+_LENGTH = struct.Struct(">i").unpack_from
+
+
+@dataclass(frozen=True)
+class SegmentCopy:
+    base_offset: int
+    end_offset: int     # last offset of the last batch + 1 (base_offset for an empty segment)
+    bytes: int          # size of the .log
+    mode: str           # "streamed" | "server_side" | "existing"
+
+
+class _LogCheck:
+    """The batch walk of one ``.log`` fed in arbitrary chunks: whole entries are checked
+    (size, magic, CRC: the format layer's rules) plus what a replica copy adds (the first
+    offset, contiguity, the end offset, the leader epoch). Holds at most one partial entry
+    between chunks, so memory is a chunk plus the largest batch."""
+
+    def __init__(self, file: str, size: int, base_offset: int, end_offset: Optional[int],
+                 leader_epoch: Optional[int]):
+        self.file, self.size, self.end, self.epoch = file, size, end_offset, leader_epoch
+        self.next = base_offset          # the offset the next batch must start at
+        self.last: Optional[int] = None
+        self.pos = 0                     # file position of carry[0]
+        self.carry = bytearray()         # the start of an entry that continues in later chunks
+        self.need = 0                    # bytes the carried entry declares (0: not known yet)
+
+    def feed(self, chunk) -> None:
+        if self.carry:
+            # a batch bigger than the chunks arrives in pieces: walk it once, when whole
+            self.carry += chunk
+            buf = self.carry
+            if len(buf) < self.need:
+                return
+        else:
+            buf = chunk
+        done = 0
+        for h in scan_entries(buf, validate_crc=True, previous_last_offset=self.last,
+                              file=self.file, base_position=self.pos):
+            self._check(h)
+            done = h.end - self.pos
+        self.carry = bytearray(memoryview(buf)[done:])   # a new object: buf may be exported
+        self.pos += done
+        self.need = (_LENGTH(self.carry, LENGTH_OFFSET)[0] + LOG_OVERHEAD
+                     if len(self.carry) >= LOG_OVERHEAD else 0)
+        if self.need > self.size - self.pos:   # say so now, not after buffering the rest
+            raise torn_error(self.pos, self.size - self.pos, self.need, self.file)
+
+    def finish(self) -> int:
+        """The end offset, after checking nothing is left over (a torn last entry)."""
+        if self.carry:
+            list(scan_entries(bytes(self.carry), strict=True, previous_last_offset=self.last,
+                              file=self.file, base_position=self.pos))
+        return self.next
+
+    def _check(self, h) -> None:
+        # a compressed magic 0/1 wrapper tells only its last offset (its first needs a
+        # decompression), so contiguity is checked where the format says the first offset
+        first = h.base_offset if h.base_offset >= 0 else None
+        if (first if first is not None else h.last_offset) < self.next or (
+                first is not None and first != self.next):
+            what = "the segment's base offset" if self.last is None else "contiguous after"
+            raise CorruptRecordError(
+                f"{self.file}: entry at position {h.position} holds offsets "
+                f"{first if first is not None else '?'}..{h.last_offset}, expected to start at "
+                f"{self.next} ({what})", h.position)
+        if self.end is not None and h.last_offset >= self.end:
+            raise CorruptRecordError(
+                f"{self.file}: entry at position {h.position} holds offset {h.last_offset}, "
+                f"at or past the expected end offset {self.end}", h.position)
+        if self.epoch is not None and h.magic == MAGIC_V2 and h.partition_leader_epoch != self.epoch:
+            raise CorruptRecordError(
+                f"{self.file}: record batch at position {h.position} has leader epoch "
+                f"{h.partition_leader_epoch}, expected {self.epoch}", h.position)
+        self.last, self.next = h.last_offset, h.last_offset + 1
+
+
+class _NoCheck:
+    def __init__(self, size: int = 0):
+        pass
+
+    def feed(self, chunk) -> None:
+        pass
+
+    def finish(self) -> None:
+        return None
+
+
+def _chunks(st: Storage, path: str, size: int, chunk_bytes: int, check) -> Iterator[bytes]:
+    """``path``'s first ``size`` bytes in chunks, each checked before it is handed on, and the
+    walk finished before the last one returns: a failed check ends the iteration with its
+    error, so a publish fed by this never completes."""
+    pos = 0
+    while pos < size:
+        data = st.read(path, pos, min(size, pos + chunk_bytes))
+        if not data:
+            raise KafkaStorageError(f"read {st._where(path)}: ended at {pos} of {size} bytes "
+                                    "(changed during the copy)")
+        check.feed(data)
+        yield data
+        pos += len(data)
+    check.finish()
+
+
+def _join(dir_path: str, name: str) -> str:
+    return f"{dir_path.rstrip('/')}/{name}" if dir_path else name
+
+
+def _publish(src: Storage, sp: str, dst: Storage, dp: str, size: int, chunk_bytes: int,
+             new_check: Callable, replace: bool) -> tuple:
+    """Publish ``sp``'s bytes at ``dp``, checked; returns (mode, the finished check).
+
+    Server-side where the storages can: the copy goes to a temp name first and is read back
+    and checked there (the data passes this process once, not twice), because a copy made
+    straight to ``dp`` would be visible before it was checked.
+    """
+    directory, _, name = dp.rpartition("/")
+    tmp = _join(directory, temp_name_for(name))
+    if dst.copy_from(src, sp, tmp):
+        try:
+            if dst.size(tmp) != size:
+                raise CorruptRecordError(f"{src._where(sp)}: server-side copy {dst._where(tmp)} "
+                                         f"has {dst.size(tmp)} bytes, not {size}", 0)
+            check = new_check(size)
+            for _ in _chunks(dst, tmp, size, chunk_bytes, check):
+                pass
+            if not dst.copy_from(dst, tmp, dp, replace=replace):
+                dst.publish_stream(dp, _chunks(dst, tmp, size, chunk_bytes, _NoCheck()),
+                                   replace=replace)
+        finally:
+            dst.delete(tmp, missing_ok=True)
+        mode = "server_side"
+    else:
+        check = new_check(size)
+        dst.publish_stream(dp, _chunks(src, sp, size, chunk_bytes, check), replace=replace)
+        mode = "streamed"
+    if dst.size(dp) != size:
+        raise KafkaStorageError(f"copy {src._where(sp)} -> {dst._where(dp)}: published "
+                                f"{dst.size(dp)} bytes, not {size}")
+    return mode, check
+
+
+def _same(src: Storage, sp: str, dst: Storage, dp: str, size: int, chunk_bytes: int,
+          check) -> bool:
+    """Whether ``dp`` holds ``sp``'s bytes; the source is walked by ``check`` as it is read."""
+    if dst.size(dp) != size:
+        return False
+    pos = 0
+    for data in _chunks(src, sp, size, chunk_bytes, check):
+        if dst.read(dp, pos, pos + len(data)) != data:
+            return False
+        pos += len(data)
+    return True
+
+
+def _copy_file(src: Storage, sp: str, dst: Storage, dp: str, chunk_bytes: int,
+               new_check: Callable) -> tuple:
+    size = src.size(sp)
+    if not dst.exists(dp):
+        try:
+            return _publish(src, sp, dst, dp, size, chunk_bytes, new_check, replace=False)
+        except AlreadyExistsError:
+            pass   # another copier won meanwhile: judged like any existing copy
+    check = new_check(size)
+    if _same(src, sp, dst, dp, size, chunk_bytes, check):
+        return "existing", check
+    _log.warning("%s differs from the leader's %s (a torn or stale earlier copy?); replacing it",
+                 dst._where(dp), src._where(sp))
+    return _publish(src, sp, dst, dp, size, chunk_bytes, new_check, replace=True)
+
+
+def copy_segment(src: Storage, src_dir: str, dst: Storage, dst_dir: str, base_offset: int, *,
+                 end_offset: Optional[int] = None, leader_epoch: Optional[int] = None,
+                 chunk_bytes: int = 8 << 20) -> SegmentCopy:
+    """Copy segment ``base_offset`` from ``src_dir`` on ``src`` to ``dst_dir`` on ``dst``.
+
+    The indexes (those the source has) go first and the ``.log`` last, so a follower never has a
+    ``.log`` whose indexes are still to come. ``end_offset`` and ``leader_epoch``, when given,
+    are what the metadata says the segment holds; a batch that disagrees, or any damage, raises
+    :class:`CorruptRecordError` naming the source file and position, and the ``.log`` is not
+    published (its indexes may be: without a ``.log`` they are garbage, not a segment).
+    Pass the per-root storages of the two log dirs (``MountedStorage.mounted``) so that two
+    log dirs on one object store copy server-side.
+    """
+    if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+        raise InvalidConfigError(f"chunk_bytes must be an int >= 1, got {chunk_bytes!r}")
+    for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
+        sp = _join(src_dir, segment_name(base_offset, suffix))
+        if src.exists(sp):
+            _copy_file(src, sp, dst, _join(dst_dir, segment_name(base_offset, suffix)),
+                       chunk_bytes, _NoCheck)
+    sp = _join(src_dir, segment_name(base_offset, LOG_SUFFIX))
+    where = src._where(sp)
+    mode, check = _copy_file(
+        src, sp, dst, _join(dst_dir, segment_name(base_offset, LOG_SUFFIX)), chunk_bytes,
+        lambda size: _LogCheck(where, size, base_offset, end_offset, leader_epoch))
+    return SegmentCopy(base_offset, check.next, check.pos, mode)
+
+
+def copy_partition_metadata(src: Storage, src_dir: str, dst: Storage, dst_dir: str) -> str:
+    """Make the follower's ``partition.metadata`` the leader's: "created", "existing" or
+    "replaced". The leader's is parsed first, so a damaged one is not spread."""
+    sp, dp = _join(src_dir, PARTITION_METADATA_FILE), _join(dst_dir, PARTITION_METADATA_FILE)
+    data = src.read(sp)
+    parse_partition_metadata(data.decode("utf-8", errors="replace"))
+    try:
+        dst.create_if_absent(dp, data)
+        return "created"
+    except AlreadyExistsError:
+        pass
+    if dst.read(dp) == data:
+        return "existing"
+    _log.warning("%s differs from the leader's %s; replacing it", dst._where(dp), src._where(sp))
+    dst.replace(dp, data)
+    return "replaced"

@@ -1,0 +1,346 @@
+"""Copying a sealed segment from a leader replica to a follower (coordinator/copier.py).
+
+Real files, the Kafka-written golden corpus, a real moto S3 server (the session fixture of
+test_storage) and a real SIGKILL: a copy is published whole and checked, or not at all.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import boto3
+import pytest
+
+from conftest import GOLDEN, expected_records
+from pyspark_kafkalog.coordinator.copier import SegmentCopy, copy_partition_metadata, copy_segment
+from pyspark_kafkalog.errors import AlreadyExistsError, CorruptRecordError
+from pyspark_kafkalog.format.batch import scan_entries
+from pyspark_kafkalog.format.encode import encode_batch_v2
+from pyspark_kafkalog.format.records import Record
+from pyspark_kafkalog.storage import LocalStorage, open_storage
+from pyspark_kafkalog.storage.mounts import MountedStorage
+from shared_paths import needs_golden
+from test_storage import BUCKET, REPO, _child_env, moto_options  # noqa: F401  (session fixture)
+
+TOPIC = "t-0"
+LOG = f"{0:020d}.log"
+
+
+def _segment(n_batches: int, *, records: int = 4, value_bytes: int = 100, epoch: int = 5,
+             base: int = 0) -> bytes:
+    out, offset = [], base
+    for i in range(n_batches):
+        recs = [Record(b"k%d" % j, os.urandom(value_bytes), 1_700_000_000_000 + j)
+                for j in range(records)]
+        b = encode_batch_v2(recs, base_offset=offset, partition_leader_epoch=epoch)
+        out.append(b.data)
+        offset = b.last_offset + 1
+    return b"".join(out)
+
+
+def _write_src(st, data: bytes, base: int = 0, index: bytes = b"\0" * 8) -> None:
+    st.replace(f"{TOPIC}/{base:020d}.log", data)
+    st.replace(f"{TOPIC}/{base:020d}.index", index)
+    st.replace(f"{TOPIC}/{base:020d}.timeindex", b"")
+
+
+def _positions(data: bytes) -> list:
+    return [h.position for h in scan_entries(data)]
+
+
+@pytest.fixture
+def local(tmp_path):
+    return LocalStorage(str(tmp_path / "leader"), fsync=False), LocalStorage(str(tmp_path / "follower"), fsync=False)
+
+
+def _no_temp_files(st, dir_path=TOPIC) -> bool:
+    return st._list_temp_files(dir_path) == []
+
+
+# -- local to local -------------------------------------------------------------------------------
+
+@needs_golden
+@pytest.mark.parametrize("case", ["m0-gzip-notime-0", "m0-none-notime-0", "m1-lz4-create-0",
+                                  "m1-none-logappend-0", "m2-zstd-create-0", "txn-v2-none-0",
+                                  "mixed-v1-to-v2-lz4-0"])
+def test_golden_segments_copy_byte_identical(case, tmp_path):
+    src, dst = open_storage(str(GOLDEN)), LocalStorage(str(tmp_path / "f"), fsync=False)
+    bases = sorted(int(p.name[:20]) for p in (GOLDEN / case).glob("*.log"))
+    ends = bases[1:] + [expected_records(case)[-1]["offset"] + 1]
+    for base, end in zip(bases, ends):
+        got = copy_segment(src, case, dst, "copy", base, end_offset=end, chunk_bytes=4096)
+        size = (GOLDEN / case / f"{base:020d}.log").stat().st_size
+        assert got == SegmentCopy(base, end, size, "streamed")
+        for suffix in (".log", ".index", ".timeindex"):
+            name = f"{base:020d}{suffix}"
+            assert (tmp_path / "f" / "copy" / name).read_bytes() == (GOLDEN / case / name).read_bytes()
+    copy_partition_metadata(src, case, dst, "copy")
+    assert (tmp_path / "f/copy/partition.metadata").read_bytes() == (GOLDEN / case / "partition.metadata").read_bytes()
+    assert _no_temp_files(dst, "copy")
+
+
+@pytest.mark.parametrize("chunk", [1, 17, 61, 1000, 1 << 20])
+def test_chunk_boundaries(local, chunk):
+    src, dst = local
+    data = _segment(6 if chunk == 1 else 60, records=3, base=100)
+    _write_src(src, data, base=100)
+    got = copy_segment(src, TOPIC, dst, TOPIC, 100, chunk_bytes=chunk, leader_epoch=5)
+    assert got == SegmentCopy(100, 100 + 3 * (6 if chunk == 1 else 60), len(data), "streamed")
+    assert dst.read(f"{TOPIC}/{100:020d}.log") == data
+
+
+def test_batches_bigger_than_chunks_are_checked_whole(local):
+    src, dst = local
+    data = _segment(3, records=2, value_bytes=50_000)
+    _write_src(src, data)
+    bad = bytearray(data)
+    bad[_positions(data)[2] + 2000] ^= 1
+    src.replace(f"{TOPIC}/{LOG}", bytes(bad))
+    with pytest.raises(CorruptRecordError) as e:
+        copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=4096)
+    assert e.value.position == _positions(data)[2]
+
+
+# -- checks ---------------------------------------------------------------------------------------
+
+def _assert_nothing_published(dst):
+    assert not dst.exists(f"{TOPIC}/{LOG}")
+    assert all(not f.name.endswith(".log") for f in dst.list(TOPIC))
+    assert _no_temp_files(dst)
+
+
+def test_corrupt_batch_publishes_no_log(local, tmp_path):
+    src, dst = local
+    data = _segment(40)
+    _write_src(src, data)
+    at = _positions(data)[23]
+    bad = bytearray(data)
+    bad[at + 100] ^= 0x40          # inside the records: only the CRC sees it
+    src.replace(f"{TOPIC}/{LOG}", bytes(bad))
+    with pytest.raises(CorruptRecordError) as e:
+        copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=999)
+    assert e.value.position == at
+    assert src._where(f"{TOPIC}/{LOG}") in str(e.value) and f"position {at}" in str(e.value)
+    _assert_nothing_published(dst)
+    assert not any(n.endswith(".log") or ".log.tmp-" in n for n in os.listdir(tmp_path / "follower" / TOPIC))
+
+
+@pytest.mark.parametrize("kwargs, base, what", [
+    ({}, 1, "expected to start at 1"),
+    ({"leader_epoch": 6}, 0, "leader epoch 5, expected 6"),
+    ({"end_offset": 50}, 0, "expected end offset 50"),
+])
+def test_metadata_mismatch_is_refused(local, kwargs, base, what):
+    src, dst = local
+    data = _segment(20)          # offsets 0..79, epoch 5
+    src.replace(f"{TOPIC}/{base:020d}.log", data)
+    with pytest.raises(CorruptRecordError, match=what):
+        copy_segment(src, TOPIC, dst, TOPIC, base, **kwargs)
+    assert dst.list(TOPIC) == [] and _no_temp_files(dst)
+
+
+def test_gap_and_torn_tail_are_refused(local):
+    src, dst = local
+    gap = _segment(2) + _segment(2, base=9)          # 0..7, then 9..16
+    src.replace(f"{TOPIC}/{LOG}", gap)
+    with pytest.raises(CorruptRecordError, match="expected to start at 8"):
+        copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=100)
+    torn = _segment(5)
+    src.replace(f"{TOPIC}/{LOG}", torn[:-10])
+    with pytest.raises(CorruptRecordError, match="torn entry"):
+        copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=100)
+    # a length field that claims more than the file holds is refused at once, not buffered
+    huge = bytearray(torn)
+    huge[_positions(torn)[1] + 8:_positions(torn)[1] + 12] = (1 << 30).to_bytes(4, "big")
+    src.replace(f"{TOPIC}/{LOG}", bytes(huge))
+    with pytest.raises(CorruptRecordError, match="torn entry") as e:
+        copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=100)
+    assert e.value.position == _positions(torn)[1]
+    assert dst.list(TOPIC) == [] and _no_temp_files(dst)
+
+
+# -- an earlier copy at the destination --------------------------------------------------------------
+
+def test_existing_identical_copy_counts(local):
+    src, dst = local
+    data = _segment(30)
+    _write_src(src, data)
+    first = copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=1000)
+    again = copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=1000)
+    assert first.mode == "streamed" and again == SegmentCopy(0, 120, len(data), "existing")
+
+
+@pytest.mark.parametrize("damage", ["flip", "prefix", "longer"])
+def test_existing_different_copy_is_replaced(local, damage, caplog):
+    src, dst = local
+    data = _segment(30)
+    _write_src(src, data)
+    stale = {"flip": data[:500] + bytes([data[500] ^ 1]) + data[501:], "prefix": data[:777],
+             "longer": data + b"xx"}[damage]
+    dst.replace(f"{TOPIC}/{LOG}", stale)
+    dst.replace(f"{TOPIC}/{0:020d}.index", b"\1" * 8)
+    with caplog.at_level(logging.WARNING, logger="pyspark_kafkalog.coordinator.copier"):
+        got = copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=1000)
+    assert got == SegmentCopy(0, 120, len(data), "streamed")
+    assert dst.read(f"{TOPIC}/{LOG}") == data and dst.read(f"{TOPIC}/{0:020d}.index") == b"\0" * 8
+    assert "replacing" in caplog.text
+    assert _no_temp_files(dst)
+
+
+def test_corrupt_source_never_replaces_an_existing_copy(local):
+    src, dst = local
+    data = _segment(10)
+    _write_src(src, data)
+    bad = bytearray(data)
+    bad[_positions(data)[4] + 90] ^= 1
+    src.replace(f"{TOPIC}/{LOG}", bytes(bad))
+    dst.replace(f"{TOPIC}/{LOG}", data)
+    with pytest.raises(CorruptRecordError):
+        copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=256)
+    assert dst.read(f"{TOPIC}/{LOG}") == data
+
+
+def test_partition_metadata(local):
+    src, dst = local
+    meta = b"version: 0\ntopic_id: 7cuph2amucMP7cuph2VDIQ\n"
+    src.replace(f"{TOPIC}/partition.metadata", meta)
+    assert copy_partition_metadata(src, TOPIC, dst, TOPIC) == "created"
+    assert copy_partition_metadata(src, TOPIC, dst, TOPIC) == "existing"
+    dst.replace(f"{TOPIC}/partition.metadata", b"version: 0\ntopic_id: AAAAAAAAAAAAAAAAAAAAAA\n")
+    assert copy_partition_metadata(src, TOPIC, dst, TOPIC) == "replaced"
+    assert dst.read(f"{TOPIC}/partition.metadata") == meta
+
+
+# -- S3 -------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def s3(moto_options):  # noqa: F811
+    made = []
+
+    def new():
+        st = open_storage(f"s3://{BUCKET}/r-{uuid.uuid4().hex}", **moto_options)
+        made.append(st)
+        return st
+    yield new
+    for st in made:
+        st.delete_tree(TOPIC)
+
+
+def _uploads(moto_options):  # noqa: F811
+    client = boto3.client("s3", endpoint_url=moto_options["endpoint_url"], aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    return client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
+
+
+def test_local_to_s3_streams_multipart(local, s3, moto_options):  # noqa: F811
+    src, _ = local
+    dst = s3()
+    data = _segment(12, records=2, value_bytes=400_000)       # ~9.6 MiB: two upload parts
+    _write_src(src, data)
+    got = copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=1 << 20, leader_epoch=5)
+    assert got == SegmentCopy(0, 24, len(data), "streamed")
+    assert dst.read(f"{TOPIC}/{LOG}") == data and dst.read(f"{TOPIC}/{0:020d}.index") == b"\0" * 8
+    assert copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=1 << 20).mode == "existing"
+    bad = bytearray(data)
+    bad[_positions(data)[9] + 5000] ^= 1
+    src.replace(f"{TOPIC}/{LOG}", bytes(bad))
+    dst2 = s3()
+    with pytest.raises(CorruptRecordError):
+        copy_segment(src, TOPIC, dst2, TOPIC, 0, chunk_bytes=1 << 20)
+    assert not dst2.exists(f"{TOPIC}/{LOG}") and _no_temp_files(dst2)
+    assert not [u for u in _uploads(moto_options) if dst2.url.split("/", 3)[3] in u["Key"]]
+
+
+def test_s3_to_s3_is_server_side_and_checked(s3, tmp_path):
+    src, dst = s3(), s3()
+    data = _segment(50)
+    _write_src(src, data)
+    got = copy_segment(src, TOPIC, dst, TOPIC, 0, leader_epoch=5)
+    assert got == SegmentCopy(0, 200, len(data), "server_side")
+    assert dst.read(f"{TOPIC}/{LOG}") == data and _no_temp_files(dst)
+    assert copy_segment(src, TOPIC, dst, TOPIC, 0).mode == "existing"
+    with pytest.raises(AlreadyExistsError):
+        dst.copy_from(src, f"{TOPIC}/{LOG}", f"{TOPIC}/{LOG}")
+    assert not dst.copy_from(LocalStorage(str(tmp_path)), "x", "y")
+    dst.replace(f"{TOPIC}/{LOG}", data[:-1] + bytes([data[-1] ^ 1]))
+    assert copy_segment(src, TOPIC, dst, TOPIC, 0).mode == "server_side"
+    assert dst.read(f"{TOPIC}/{LOG}") == data
+    # a damaged source: the server-side copy is checked under its temp name, never published
+    bad = bytearray(data)
+    bad[_positions(data)[7] + 70] ^= 1
+    src.replace(f"{TOPIC}/{LOG}", bytes(bad))
+    dst2 = s3()
+    with pytest.raises(CorruptRecordError) as e:
+        copy_segment(src, TOPIC, dst2, TOPIC, 0)
+    assert src._where(f"{TOPIC}/{LOG}") in str(e.value) and e.value.position == _positions(data)[7]
+    assert not dst2.exists(f"{TOPIC}/{LOG}") and _no_temp_files(dst2)
+
+
+def test_mounted_log_dirs_copy_server_side(tmp_path, s3):
+    a, b = s3(), s3()
+    root = MountedStorage(LocalStorage(str(tmp_path / "root"), fsync=False),
+                          {"logdir-1": a, "logdir-2": b}.get, local=["logdir-0"])
+    data = _segment(10)
+    root.replace(f"logdir-1/{TOPIC}/{LOG}", data)       # lands on a
+    assert a.read(f"{TOPIC}/{LOG}") == data
+    # through the per-root storages of the two log dirs
+    got = copy_segment(root.mounted("logdir-1"), TOPIC, root.mounted("logdir-2"), TOPIC, 0)
+    assert got.mode == "server_side" and b.read(f"{TOPIC}/{LOG}") == data
+    # through the mounted storage itself, which routes both paths
+    got = copy_segment(root, f"logdir-1/{TOPIC}", root, f"logdir-2/{TOPIC}-x", 0)
+    assert got.mode == "server_side" and b.read(f"{TOPIC}-x/{LOG}") == data
+    b.delete_tree(f"{TOPIC}-x")
+    got = copy_segment(root, f"logdir-2/{TOPIC}", root, f"logdir-0/{TOPIC}", 0)
+    assert got.mode == "streamed" and (tmp_path / "root/logdir-0" / TOPIC / LOG).read_bytes() == data
+
+
+# -- a copier killed mid-copy ---------------------------------------------------------------------
+
+_CHILD = """
+import sys, time
+from pyspark_kafkalog.storage import LocalStorage
+from pyspark_kafkalog.coordinator.copier import copy_segment
+src, dst = LocalStorage(sys.argv[1], fsync=False), LocalStorage(sys.argv[2], fsync=False)
+read = src.read
+def slow_read(path, start=0, end=None):
+    time.sleep(0.002)
+    return read(path, start, end)
+src.read = slow_read
+copy_segment(src, "t-0", dst, "t-0", 0, chunk_bytes=64 << 10)
+print("done", flush=True)
+"""
+
+
+def test_sigkill_mid_copy_leaves_no_partial_log(tmp_path):
+    src = LocalStorage(str(tmp_path / "leader"), fsync=False)
+    data = _segment(160, records=2, value_bytes=50_000)       # 16 MiB: 250 slowed chunks
+    _write_src(src, data)
+    killed_mid = 0
+    for round_, delay in enumerate([0.0, 0.1, 0.3]):
+        out = tmp_path / f"follower{round_}"
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "leader"), str(out)],
+                                env=_child_env(), cwd=str(REPO), stdout=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while not any(".log.tmp-" in n for n in (os.listdir(out / TOPIC) if (out / TOPIC).is_dir() else [])):
+            assert proc.poll() is None and time.monotonic() < deadline, "the copy never started"
+            time.sleep(0.005)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(5)
+        assert proc.returncode == -signal.SIGKILL
+        dst = LocalStorage(str(out), fsync=False)
+        final = out / TOPIC / LOG
+        assert not final.exists() or final.read_bytes() == data
+        killed_mid += not final.exists()
+        assert LOG not in [f.name for f in dst.list(TOPIC)] or final.read_bytes() == data
+        # the next coordinator finishes the job; the killed one's temp file is garbage
+        assert copy_segment(src, TOPIC, dst, TOPIC, 0, chunk_bytes=1 << 20).bytes == len(data)
+        assert final.read_bytes() == data
+        dst.cleanup_temp_files(TOPIC, 0)
+        assert _no_temp_files(dst)
+    assert killed_mid, "no round was killed before the publish: the test proved nothing"
