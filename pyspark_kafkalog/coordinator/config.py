@@ -21,7 +21,10 @@ KEYS = {"coordinator.bind": ("bind", str),
         "coordinator.token.file": ("token_file", str),
         "coordinator.lease.ms": ("lease_ms", int),
         "coordinator.on.fenced": ("on_fenced", str),
-        "coordinator.maintenance.enable": ("maintenance", bool)}
+        "coordinator.maintenance.enable": ("maintenance", bool),
+        "coordinator.replication.enable": ("replication", bool),
+        "replica.lag.time.max.ms": ("replica_lag_time_max_ms", int),
+        "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", int)}
 #: every key the file may hold
 ALL_KEYS = frozenset(KEYS) | MAINTENANCE_KEYS
 

@@ -18,6 +18,10 @@ hook. The scheduler reads the same clock the hooks are called with (the cluster'
 so "an interval after the last run" means one thing; it asks the service before each job whether
 it still acts, and lets a job's ``FencedCoordinatorError`` through so that the service fences
 itself. ``maintenance=False`` leaves it out (another process runs the jobs, or nobody does).
+
+Replication (``replicator.py``: copying to followers, the ISR) runs on a thread of its own,
+every ``replica.fetch.wait.max.ms``, so that a long retention run never holds back the high
+watermark of replicated partitions, and a long copy never delays maintenance.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from ..errors import (CoordinatorLeaseHeldError, FencedCoordinatorError, Invalid
                       KafkaLogError)
 from .auth import resolve_token
 from .metrics import CoordinatorMetrics, metrics_url
+from .replicator import DEFAULT_REPLICA_LAG_TIME_MAX_MS, Replicator
 from .rpc import RpcServer
 from .scheduler import KINDS, MaintenanceScheduler, SchedulerConfig
 
@@ -43,6 +48,8 @@ DEFAULT_BIND = "127.0.0.1:0"
 DEFAULT_LEASE_MS = 10_000
 MIN_LEASE_MS = 100
 DEFAULT_TICK_INTERVAL_MS = 1_000
+#: Kafka's replica.fetch.wait.max.ms: here the pause between two replication passes
+DEFAULT_REPLICA_FETCH_WAIT_MAX_MS = 500
 ON_FENCED = ("standby", "exit")
 #: a standby retries no sooner than this after the holder's lease expiry, by its own clock
 TAKEOVER_SLACK_S = 0.01
@@ -103,9 +110,14 @@ class Coordinator:
                  on_fenced: str = "standby", ticks: Sequence[Tick] = (),
                  tick_interval_ms: int = DEFAULT_TICK_INTERVAL_MS, holder: Optional[str] = None,
                  leases=None, maintenance: bool = True,
-                 maintenance_config: Union[SchedulerConfig, Mapping[str, object], None] = None):
+                 maintenance_config: Union[SchedulerConfig, Mapping[str, object], None] = None,
+                 replication: bool = True,
+                 replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+                 replica_fetch_wait_max_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MAX_MS):
         """``maintenance``: run the scheduled maintenance (default); ``maintenance_config``: its
-        settings, a ``SchedulerConfig`` or properties (default: Kafka's intervals)."""
+        settings, a ``SchedulerConfig`` or properties (default: Kafka's intervals).
+        ``replication``: copy to followers and keep the ISR (docs/protocol.md §1.3), enabling
+        the feature ``replication`` once a topic has more than one replica."""
         if on_fenced not in ON_FENCED:
             raise InvalidConfigError(f"on_fenced must be one of {ON_FENCED}, got {on_fenced!r}")
         if not isinstance(lease_ms, int) or lease_ms < MIN_LEASE_MS:
@@ -116,6 +128,10 @@ class Coordinator:
                                      f"{metrics_port}")
         if tick_interval_ms < 1:
             raise InvalidConfigError(f"tick_interval_ms must be >= 1, got {tick_interval_ms}")
+        for name, value in (("replica.lag.time.max.ms", replica_lag_time_max_ms),
+                            ("replica.fetch.wait.max.ms", replica_fetch_wait_max_ms)):
+            if not isinstance(value, int) or value < 1:
+                raise InvalidConfigError(f"{name} must be an integer >= 1, got {value!r}")
         self.cluster = cluster
         self._token = resolve_token(token, token_file)
         self._bind_host, _ = _split(bind)
@@ -134,6 +150,12 @@ class Coordinator:
                                                   active=self._may_act)
         #: maintenance hooks; may be appended to before start()
         self.ticks: List[Tick] = ([self.scheduler.tick] if self.scheduler else []) + list(ticks)
+        #: copies to followers and keeps the ISR (None when off)
+        self.replicator: Optional[Replicator] = None
+        if replication:
+            self.replicator = Replicator(cluster, lambda: self.epoch if self._may_act() else None,
+                                         replica_lag_time_max_ms=replica_lag_time_max_ms)
+        self.replica_fetch_wait_max_ms = replica_fetch_wait_max_ms
         self.metrics = CoordinatorMetrics()
         self.metrics.watch_replication(lambda: replication_summary(cluster.state()))
         #: why the service ended: None while it runs, "stopped" or "fenced" (on_fenced="exit")
@@ -205,6 +227,8 @@ class Coordinator:
         self._spawn("kl-coordinator-lease", self._run_lease)
         if self.ticks:
             self._spawn("kl-coordinator-ticks", self._run_ticks)
+        if self.replicator is not None:
+            self._spawn("kl-coordinator-replication", self._run_replication)
         return self
 
     def _spawn(self, name: str, target) -> None:
@@ -366,6 +390,19 @@ class Coordinator:
                     self.fence(f"maintenance hook {tick!r} was fenced: {exc}")
                 except Exception:   # noqa: BLE001 - one failing hook must not stop the others
                     log.exception("coordinator %s: maintenance hook %r failed", self.holder, tick)
+
+    def _run_replication(self) -> None:
+        while not self._stop.wait(self.replica_fetch_wait_max_ms / 1000):
+            if not self._may_act():
+                continue
+            try:
+                done = self.replicator.tick(self._now_s())
+                self.metrics.count_runs(None if done is None else [done])
+            except FencedCoordinatorError as exc:
+                self.fence(f"replication was fenced: {exc}")
+            except Exception:   # noqa: BLE001 - the next pass starts again from the log
+                log.exception("coordinator %s: replication pass failed", self.holder)
+                self.metrics.maintenance_failures.labels(kind="replication").inc()
 
     # -- RPC methods ----------------------------------------------------------------------------
 
