@@ -280,6 +280,68 @@ class LogDirNotEmptyError(InvalidRequestError):
     was never registered: registering it would mix its files with the cluster's."""
 
 
+# -- replication (docs/protocol.md §1.3) ---------------------------------------------------------
+
+class NotEnoughReplicasError(KafkaLogError):
+    """An acks=all write was refused before anything was reserved: the ISR of a partition is
+    smaller than its min.insync.replicas. Nothing was written."""
+    user_error = False
+    retriable = True
+
+    error_code = 19
+    error_name = "NOT_ENOUGH_REPLICAS"
+
+
+class NotEnoughReplicasAfterAppendError(KafkaLogError):
+    """An acks=all write was written but the ISR could not hold it (the ISR shrank below
+    min.insync.replicas, or a member had not copied it yet); the writer aborts it, so nothing of
+    it becomes visible."""
+    user_error = False
+    retriable = True
+
+    error_code = 20
+    error_name = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
+
+
+class RequestTimedOutError(KafkaLogError):
+    """An acks=all write waited request.timeout.ms for the ISR to hold it; it was aborted."""
+    user_error = False
+    retriable = True
+
+    error_code = 7
+    error_name = "REQUEST_TIMED_OUT"
+
+
+class InvalidUpdateVersionError(KafkaLogError):
+    """An ISR change or election was planned against a partition epoch that is not current."""
+    user_error = False
+    retriable = True
+
+    error_code = 95
+    error_name = "INVALID_UPDATE_VERSION"
+
+
+class IneligibleReplicaError(KafkaLogError):
+    """A replica may not join the ISR: it does not hold everything the ISR must hold."""
+    user_error = False
+
+    error_code = 107
+    error_name = "INELIGIBLE_REPLICA"
+
+
+class EligibleLeadersNotAvailableError(KafkaLogError):
+    """No replica may lead: none in the ISR is online, and unclean election is off."""
+    user_error = False
+
+    error_code = 83
+    error_name = "ELIGIBLE_LEADERS_NOT_AVAILABLE"
+
+
+class ElectionNotNeededError(KafkaLogError):
+    error_code = 84
+    error_name = "ELECTION_NOT_NEEDED"
+
+
 # -- the coordinator service --------------------------------------------------------------------
 
 class CoordinatorNotAvailableError(KafkaLogError):

@@ -138,7 +138,8 @@ def test_every_action_round_trips_through_json():
 
 
 @pytest.mark.parametrize("entry,error", [
-    ({"version": 1, "timestamp": 1, "actions": [{"op": "elect_leader"}]}, UnsupportedVersionError),
+    ({"version": 1, "timestamp": 1, "actions": [{"op": "reassign_partitions"}]},
+     UnsupportedVersionError),
     ({"version": 1, "timestamp": 1, "actions": [{"op": "commit", "txns": [], "isr": []}]},
      UnsupportedVersionError),
     ({"version": 1, "timestamp": 1, "actions": [{"op": "protocol", "reader_features": ["x"]}]},

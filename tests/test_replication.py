@@ -45,9 +45,11 @@ def setup(tmp_path, partitions=2, configs=None):
     return admin, rep, clock
 
 
-def produce(admin, n, start=0, partition=0):
-    admin.produce("t", [Record(b"k%d" % i, b"v%d" % i) for i in range(start, start + n)],
-                  partition=partition)
+def produce(admin, n, start=0, partition=0, acks="1", **kw):
+    """acks=1 by default here: these tests step the replicator by hand, and an acks=all write
+    would wait for a copy nobody makes."""
+    return admin.produce("t", [Record(b"k%d" % i, b"v%d" % i) for i in range(start, start + n)],
+                         partition=partition, acks=acks, **kw)
 
 
 def seen(admin, partition=0):
@@ -179,3 +181,176 @@ def test_a_deposed_coordinators_pass_changes_nothing(tmp_path):
     else:
         raise AssertionError("a deposed coordinator's pass was not fenced")
     assert rep_state(admin)["held"] == before["held"]
+
+
+# -- acks ---------------------------------------------------------------------------------------
+
+class Background:
+    """The replicator stepped on a thread, as the coordinator's replication thread does."""
+
+    def __init__(self, rep):
+        import threading
+        self.rep, self.stop, self.errors = rep, threading.Event(), []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        while not self.stop.wait(0.02):
+            try:
+                self.rep.tick()
+            except Exception as exc:   # noqa: BLE001 - the test asserts none happened
+                self.errors.append(exc)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        assert not self.errors, self.errors
+
+
+def in_sync(admin, rep, p=0):
+    for _ in range(3):
+        rep.tick()
+    r = rep_state(admin, p)
+    assert len(r["isr"]) == 2, r
+
+
+def test_acks_all_commits_once_the_isr_holds_the_data_and_shows_at_once(tmp_path):
+    admin, rep, clock = setup(tmp_path, partitions=1, configs={"min.insync.replicas": "2"})
+    produce(admin, 2)
+    in_sync(admin, rep)
+    with Background(rep):
+        placed = produce(admin, 5, 2, acks="all")
+    assert [m.offset for m in placed] == [2, 3, 4, 5, 6]
+    state = admin.cluster.state()
+    ps = state.partition("t", 0)
+    assert ps.high_watermark == ps.last_stable_offset == 7   # visible at its commit
+    assert [r.value for r in admin.consume("t")] == [b"v%d" % i for i in range(7)]
+    assert ps.replication["held"]["logdir-1"] == [[0, 7]]
+    # the reservation carried acks=all, as the metadata log says
+    entries = sorted((tmp_path / "root" / "_kafkalog" / "log").glob("*.json"))
+    import json
+    reserves = [a for e in entries for a in json.loads(e.read_text()).get("actions", [])
+                if a.get("op") == "reserve"]
+    assert [a.get("acks", "1") for a in reserves] == ["1", "all"]
+
+
+def test_acks_all_below_min_isr_is_refused_before_anything_is_written(tmp_path):
+    from pyspark_kafkalog.errors import NotEnoughReplicasError
+    admin, rep, clock = setup(tmp_path, partitions=1, configs={"min.insync.replicas": "2"})
+    produce(admin, 2)
+    rep.tick()                                           # the feature is on; ISR = [leader]
+    before = admin.cluster.state().partition("t", 0).next_offset
+    try:
+        produce(admin, 3, 2, acks="all")
+    except NotEnoughReplicasError as exc:
+        assert exc.error_code == 19 and "min.insync.replicas" in str(exc)
+    else:
+        raise AssertionError("acks=all below min ISR was accepted")
+    assert admin.cluster.state().partition("t", 0).next_offset == before
+    assert not list((tmp_path / "root" / "logdir-0" / "t-0").glob("*.tmp-*"))
+    produce(admin, 3, 2, acks="1")                       # acks=1 is taken, and waits to show
+    assert len(seen(admin)) == 2
+
+
+def test_acks_all_without_a_coordinator_times_out_and_shows_nothing(tmp_path):
+    from pyspark_kafkalog.errors import RequestTimedOutError
+    admin, rep, clock = setup(tmp_path, partitions=1)
+    produce(admin, 2)
+    in_sync(admin, rep)
+    # the lease is held but nobody copies (as after the coordinator died)
+    try:
+        produce(admin, 3, 2, acks="all", request_timeout_ms=300)
+    except RequestTimedOutError as exc:
+        assert exc.error_code == 7 and "nothing of it is visible" in str(exc)
+    else:
+        raise AssertionError("acks=all without copies was acknowledged")
+    state = admin.cluster.state()
+    ps = state.partition("t", 0)
+    assert not state.txns and ps.is_aborted(2) and ps.is_aborted(4)   # aborted: gaps
+    rep.tick()
+    assert seen(admin) == [b"v0", b"v1"]
+
+
+# -- failover -----------------------------------------------------------------------------------
+
+def test_an_offline_leader_is_replaced_by_an_isr_member_and_rejoins_truncated(tmp_path):
+    from pyspark_kafkalog.errors import KafkaLogError
+    admin, rep, clock = setup(tmp_path, partitions=1)
+    rep.broker_session_timeout_ms = 500
+    produce(admin, 4)
+    in_sync(admin, rep)
+    produce(admin, 2, 4)                                 # acks=1, not copied yet: HW stays 4
+    epoch_before = admin.cluster.state().partition("t", 0).leader_epoch
+    root0 = tmp_path / "root" / "logdir-0"
+    away = tmp_path / "logdir-0-away"
+    root0.rename(away)                                   # the leader's log dir is gone
+    rep.tick()
+    assert rep_state(admin)["leader"] == "logdir-0"      # not offline yet: one failed probe
+    clock.ms += 600
+    result = rep.tick()
+    assert result.elections == {"offline": 1}
+    state = admin.cluster.state()
+    ps = state.partition("t", 0)
+    r = ps.replication
+    assert (r["leader"], r["isr"]) == ("logdir-1", ["logdir-1"])
+    assert ps.leader_epoch == epoch_before + 1
+    assert ps.is_aborted(4) and ps.is_aborted(5)         # acks=1 data the new leader lacked
+    assert ps.high_watermark == 6                        # over the gaps, never back
+    assert seen(admin) == [b"v%d" % i for i in range(4)]  # read from the new leader
+
+    produce(admin, 2, 6)                                 # writes follow the new leader
+    assert seen(admin) == [b"v0", b"v1", b"v2", b"v3", b"v6", b"v7"]
+    assert sorted(p.name for p in (tmp_path / "second" / "t-0").glob("*.log"))[-1] == \
+        "00000000000000000006.log"
+
+    away.rename(root0)                                   # the old leader's root comes back
+    rep.tick()
+    assert rep_state(admin)["joining"] == ["logdir-0"]
+    old = tmp_path / "root" / "logdir-0" / "t-0"
+    assert not (old / "00000000000000000004.log").exists()   # truncated before joining
+    rep.tick()
+    r = rep_state(admin)
+    assert (r["leader"], r["isr"]) == ("logdir-1", ["logdir-1", "logdir-0"])
+    new = tmp_path / "second" / "t-0"
+    assert digests(old) == digests(new)
+    # no offset names two records: 4 and 5 are gaps everywhere
+    assert [(m.offset, m.value) for m in admin.consume("t")] == \
+        [(0, b"v0"), (1, b"v1"), (2, b"v2"), (3, b"v3"), (6, b"v6"), (7, b"v7")]
+
+
+def test_unclean_election_only_when_the_topic_allows_it(tmp_path):
+    admin, rep, clock = setup(tmp_path, partitions=1)
+    rep.broker_session_timeout_ms = 100
+    produce(admin, 3)
+    in_sync(admin, rep)
+    second, second_away = tmp_path / "second", tmp_path / "second-away"
+    second.rename(second_away)                           # the follower goes ...
+    clock.ms += LAG_MS + 1
+    rep.tick()
+    assert rep_state(admin)["isr"] == ["logdir-0"]       # ... and is shrunk out
+    produce(admin, 2, 3)
+    assert len(seen(admin)) == 5                         # the leader alone meets min ISR 1
+    root0, away = tmp_path / "root" / "logdir-0", tmp_path / "away"
+    root0.rename(away)                                   # now the leader goes too,
+    second_away.rename(second)                           # and the stale follower is back
+    for _ in range(3):
+        clock.ms += 100
+        result = rep.tick()
+        assert result.elections == {}                    # no ISR member left: it waits
+    assert rep_state(admin)["leader"] == "logdir-0"
+    epoch = admin.cluster.state().partition("t", 0).leader_epoch
+
+    admin.alter_configs("t", {"unclean.leader.election.enable": "true"})
+    result = rep.tick()
+    assert result.elections == {"unclean": 1}
+    ps = admin.cluster.state().partition("t", 0)
+    assert (ps.replication["leader"], ps.replication["isr"]) == ("logdir-1", ["logdir-1"])
+    assert ps.leader_epoch == epoch + 1
+    assert ps.is_aborted(3) and ps.is_aborted(4)         # Kafka's unclean loss: gaps, ...
+    assert ps.high_watermark == 5                        # ... and the high watermark stays
+    assert seen(admin) == [b"v0", b"v1", b"v2"]
+    produce(admin, 1, 5)                                 # the new leader takes writes
+    assert seen(admin) == [b"v0", b"v1", b"v2", b"v5"]

@@ -46,8 +46,16 @@ class PartitionInfo:
     high_watermark: int
     #: the replica writers write and readers read (the first: Kafka's preferred leader)
     leader: str = ""
-    #: in-sync replicas: the leader alone until followers are copied to (docs/protocol.md §1.2)
+    #: in-sync replicas, leader first: the replicated partition's ISR (docs/protocol.md §1.3),
+    #: else the leader alone (one replica, or the cluster has no feature ``replication``)
     isr: List[str] = field(default_factory=list)
+    #: caught-up replicas about to join the ISR (§1.3): they hold the high watermark back
+    joining: List[str] = field(default_factory=list)
+    #: the start of the lowest open write, else the log end: where ``high_watermark`` is
+    #: without replication; a replicated partition's ``high_watermark`` waits for its ISR
+    last_stable_offset: int = -1
+    #: +1 at every ISR change; None when the partition is not replicated
+    partition_epoch: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -142,13 +150,17 @@ class Admin:
     # -- data ---------------------------------------------------------------------------------
 
     def produce(self, topic: str, records: Iterable[Union[Record, tuple]], *,
-                partition: Optional[int] = None, compression=None) -> List[RecordMetadata]:
-        """Write records as one atomic unit; returns where each landed (acknowledged)."""
+                partition: Optional[int] = None, compression=None, acks=None,
+                request_timeout_ms: Optional[int] = None) -> List[RecordMetadata]:
+        """Write records as one atomic unit; returns where each landed (acknowledged).
+        ``acks``: ``"all"`` (default: once the ISR of each replicated partition holds them) or
+        ``"1"`` (at the leader), docs/protocol.md §1.3; ``request_timeout_ms``: how long
+        acks=all waits (default 30000) before it aborts the write and raises."""
         recs = [r if isinstance(r, Record) else Record(*r) for r in records]
         if not recs:
             return []
-        placed = Producer(self.cluster).produce(topic, recs, partition=partition,
-                                                compression=compression)
+        placed = Producer(self.cluster, acks=acks, request_timeout_ms=request_timeout_ms
+                          ).produce(topic, recs, partition=partition, compression=compression)
         return [RecordMetadata(topic, p, o) for p, o in placed]
 
     def _partitions(self, topic: str, partition: Optional[int]) -> List[int]:

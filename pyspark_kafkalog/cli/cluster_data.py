@@ -8,6 +8,7 @@ import sys
 import time
 
 from ..coordinator.follow import DEFAULT_POLL_INTERVAL_MS
+from ..cluster.acks import parse_acks
 from ..errors import (InvalidConfigError, InvalidRecordError, TopicAuthorizationFailedError,
                       UnknownTopicOrPartitionError)
 from ..format import codecs
@@ -38,6 +39,8 @@ def run_produce(args) -> int:
     through ``Admin.produce`` (Kafka's default partitioner unless ``--partition``)."""
     validate_topic_name(args.topic)
     non_negative(args.partition, "--partition")
+    acks = parse_acks(args.acks)
+    non_negative(args.request_timeout_ms, "--request-timeout-ms")
     admin = open_admin(args, "produce")
     _check_partition(admin, args.topic, args.partition)
     cluster = admin.cluster
@@ -57,10 +60,11 @@ def run_produce(args) -> int:
                                          f"{magic}, which has no record headers")
     if not records:
         return 0
-    acks = admin.produce(args.topic, records, partition=args.partition,
-                         compression=args.compression)
+    placed = admin.produce(args.topic, records, partition=args.partition,
+                           compression=args.compression, acks=acks,
+                           request_timeout_ms=args.request_timeout_ms)
     emit_rows(args, ACK_COLUMNS, [{"topic": a.topic, "partition": a.partition, "offset": a.offset}
-                                  for a in acks])
+                                  for a in placed])
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from ..cluster.cluster import isr_health
 from ..errors import InvalidConfigError, InvalidPartitionsError, TopicAlreadyExistsError
 from ..format.checkpoint import validate_topic_name
 from ..log.config import LogConfig
@@ -16,11 +17,18 @@ from .cluster_common import (OUTPUT_HELP, cluster_exists, cluster_options, colum
                              require, say)
 
 ACTIONS = ("create", "delete", "list", "describe", "alter", "increase_partitions")
+#: --describe's partition filters (kafka-topics.sh's), one at a time: attribute -> the
+#: ``cluster.isr_health`` flag a partition must have to be shown
+FILTERS = {"under_replicated_partitions": "under_replicated",
+           "under_min_isr_partitions": "under_min_isr", "at_min_isr_partitions": "at_min_isr"}
 OPTIONS = {"topic": "--topic", "partitions": "--partitions",
            "replication_factor": "--replication-factor", "config": "--config",
-           "delete_config": "--delete-config"}
+           "delete_config": "--delete-config",
+           **{f: "--" + f.replace("_", "-") for f in FILTERS}}
 PARTITION_COLUMNS = columns("partition", "leader", "replicas", "isr", "leader_epoch",
                             "log_start_offset", "high_watermark")
+#: a topic with a replicated partition (feature replication, RF > 1) shows these too
+REPLICATED_COLUMNS = PARTITION_COLUMNS + columns("joining", "last_stable_offset")
 
 
 def add_parser(sub, parents) -> None:
@@ -30,9 +38,13 @@ def add_parser(sub, parents) -> None:
         epilog=OUTPUT_HELP + " --describe (and --create/--alter/--increase-partitions with "
                "--json) print one object per topic: topic, topic_id, partition_count, "
                "replication_factor, configs, partitions [{partition, leader, replicas, isr, "
-               "leader_epoch, log_start_offset, high_watermark}]: leader is the first replica, "
-               "where data is written and read; isr is the leader alone, as nothing copies to "
-               "followers yet. --list prints one name per line "
+               "leader_epoch, log_start_offset, high_watermark}]: leader is the replica where "
+               "data is written and read; isr the in-sync replicas, leader first (the leader "
+               "alone unless the cluster has the feature replication and the topic more than "
+               "one replica). A replicated topic's partitions also have joining (caught-up "
+               "replicas about to join the ISR), last_stable_offset (the start of the lowest "
+               "open write) and partition_epoch; their high_watermark is the stored one, which "
+               "waits for the ISR (docs/protocol.md 1.3). --list prints one name per line "
                "({\"topic\"} with --json); --delete prints {\"topic\", \"deleted\"} with --json.")
     act = p.add_mutually_exclusive_group(required=True)
     act.add_argument("--create", action="store_true",
@@ -56,6 +68,14 @@ def add_parser(sub, parents) -> None:
                    help="a topic config (repeatable), e.g. retention.ms=86400000")
     p.add_argument("--delete-config", action="append", default=[], metavar="K",
                    help="--alter: remove a topic config, back to its default (repeatable)")
+    p.add_argument("--under-replicated-partitions", action="store_true",
+                   help="--describe: only partitions whose ISR is smaller than their replicas")
+    p.add_argument("--under-min-isr-partitions", action="store_true",
+                   help="--describe: only partitions whose ISR is smaller than min.insync.replicas "
+                        "(at most the replication factor); their high watermark does not move")
+    p.add_argument("--at-min-isr-partitions", action="store_true",
+                   help="--describe: only partitions whose ISR is exactly min.insync.replicas (at "
+                        "most the replication factor)")
     p.set_defaults(run=run)
 
 
@@ -63,7 +83,7 @@ def run(args) -> int:
     action = next(a for a in ACTIONS if getattr(args, a))
     flag = "--" + action.replace("_", "-")
     allowed = {"create": ("topic", "partitions", "replication_factor", "config"),
-               "delete": ("topic",), "list": (), "describe": ("topic",),
+               "delete": ("topic",), "list": (), "describe": ("topic", *FILTERS),
                "alter": ("topic", "partitions", "config", "delete_config"),
                "increase_partitions": ("topic", "partitions")}[action]
     only_with(args, flag, allowed, OPTIONS)
@@ -107,16 +127,30 @@ def _list(args) -> int:
 
 
 def _describe(args) -> int:
+    chosen = [f for f in FILTERS if getattr(args, f, False)]
+    if len(chosen) > 1:
+        raise InvalidConfigError(f"{OPTIONS[chosen[0]]} and {OPTIONS[chosen[1]]} do not go "
+                                 "together (one partition filter at a time)")
     admin = open_admin(args, "topics --describe")
     names = [args.topic] if args.topic else admin.list_topics()
     descs = [admin.describe_topic(n) for n in names]   # all or nothing: unknown topic -> error
-    for i, desc in enumerate(descs):
+    shown = 0
+    for desc in descs:
+        t = _topic_json(desc)
+        if chosen:   # kafka-topics.sh: only the matching partitions, topics without any left out
+            flag = FILTERS[chosen[0]]
+            min_isr = LogConfig.from_properties(desc.configs).min_insync_replicas
+            t["partitions"] = [p for p in t["partitions"]
+                               if isr_health(len(p["isr"]), len(p["replicas"]), min_isr)[flag]]
+            if not t["partitions"]:
+                continue
         if args.json:
-            emit_json(_topic_json(desc))
+            emit_json(t)
             continue
-        if i:
+        if shown:
             sys.stdout.write("\n")
-        _print_description(desc)
+        _print_description(t)
+        shown += 1
     return 0
 
 
@@ -162,25 +196,39 @@ def _increase_partitions(args) -> int:
     return 0
 
 
+def _replicated(desc) -> bool:
+    return any(p.partition_epoch is not None for p in desc.partitions)
+
+
 def _topic_json(desc) -> dict:
+    replicated = _replicated(desc)
     return {"topic": desc.name, "topic_id": desc.topic_id,
             "partition_count": len(desc.partitions),
             "replication_factor": len(desc.partitions[0].replicas) if desc.partitions else 0,
             "configs": dict(sorted(desc.configs.items())),
-            "partitions": [{"partition": p.partition, "leader": p.leader,
-                            "replicas": list(p.replicas), "isr": list(p.isr),
-                            "leader_epoch": p.leader_epoch, "log_start_offset": p.log_start_offset,
-                            "high_watermark": p.high_watermark} for p in desc.partitions]}
+            "partitions": [_partition_json(p, replicated) for p in desc.partitions]}
+
+
+def _partition_json(p, replicated: bool) -> dict:
+    out = {"partition": p.partition, "leader": p.leader, "replicas": list(p.replicas),
+           "isr": list(p.isr), "leader_epoch": p.leader_epoch,
+           "log_start_offset": p.log_start_offset, "high_watermark": p.high_watermark}
+    if replicated:
+        out.update(joining=list(p.joining), last_stable_offset=p.last_stable_offset,
+                   partition_epoch=p.partition_epoch)
+    return out
 
 
 def _configs_text(configs) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(configs.items())) or "(defaults)"
 
 
-def _print_description(desc) -> None:
-    t = _topic_json(desc)
+def _print_description(t: dict) -> None:
+    """A topic's line, then its partitions as a table (``t``: :func:`_topic_json`'s form)."""
+    replicated = any("partition_epoch" in p for p in t["partitions"])
     sys.stdout.write(f"Topic: {t['topic']}  TopicId: {t['topic_id']}  PartitionCount: "
                      f"{t['partition_count']}  ReplicationFactor: {t['replication_factor']}  "
                      f"Configs: {_configs_text(t['configs'])}\n")
-    sys.stdout.write("\n".join(format_table(PARTITION_COLUMNS, t["partitions"])) + "\n")
+    cols = REPLICATED_COLUMNS if replicated else PARTITION_COLUMNS
+    sys.stdout.write("\n".join(format_table(cols, t["partitions"])) + "\n")
 

@@ -58,6 +58,13 @@ def add_parser(sub, parents=()) -> None:
     p.add_argument("--compression", default=None,
                    help="none, gzip, snappy, lz4, zstd (default: none with --log-dir, the "
                         "topic's compression.type with --cluster)")
+    proto = p.add_argument_group("cluster mode (--cluster) only")
+    proto.add_argument("--acks", default=None,
+                       help="all or -1 (default): acknowledged once the ISR of each replicated "
+                            "partition holds the records; 1: at the leader (docs/protocol.md "
+                            "§1.3). 0 is not supported")
+    proto.add_argument("--request-timeout-ms", type=int, default=None,
+                       help="how long acks=all waits for the ISR (default 30000)")
     raw = p.add_argument_group("raw mode (--log-dir) only")
     raw.add_argument("--message-format-version", type=int, default=None, choices=(0, 1, 2),
                      help="record format (magic) to write (default 2)")

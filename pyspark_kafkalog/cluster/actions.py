@@ -212,6 +212,8 @@ class Reserve(Action):
     timeout_ms: int = spec(check_int)
     partitions: Dict[str, int] = spec(dict_of(check_tp_key, check_int))
     principal: Optional[str] = spec(optional(check_str), required=False, default=None)
+    #: reader feature ``replication``: "all" waits for the ISR before the commit (§1.3)
+    acks: str = spec(check_str, required=False, default="1")
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,18 @@ class AlterIsr(Action):
     topic_ids: Dict[str, str] = spec(dict_of(check_str, check_str))
     partitions: Dict[str, dict] = spec(dict_of(check_tp_key, ISR_STATE))
     reason: Optional[str] = spec(optional(check_str), required=False, default=None)
+
+
+@dataclass(frozen=True)
+class ElectLeader(Action):
+    """A new leader per partition after its leader's log dir went offline: reader feature
+    ``replication`` (docs/protocol.md §1.3); truncates what the new leader lacks."""
+    OP: ClassVar[str] = "elect_leader"
+    coordinator_epoch: int = spec(check_int)
+    topic_ids: Dict[str, str] = spec(dict_of(check_str, check_str))
+    election: str = spec(check_str)
+    partitions: Dict[str, dict] = spec(dict_of(check_tp_key, record_of(
+        {"partition_epoch": (check_int, True), "leader": (check_str, True)})))
 
 
 @dataclass(frozen=True)

@@ -206,7 +206,8 @@ class TaskWriter:
         self.opts = options
         cluster.metalog.writer_id = producer
         self.job = producer
-        self.producer = Producer(cluster, transaction_timeout_ms=options.transaction_timeout_ms)
+        self.producer = Producer(cluster, transaction_timeout_ms=options.transaction_timeout_ms,
+                                 acks=getattr(options, "acks", None))
         self.clock = clock
         self.rng = random.Random(seed if seed is not None else uuid.uuid4().int)
         self.state = cluster.state()

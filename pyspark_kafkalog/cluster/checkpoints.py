@@ -12,6 +12,7 @@ from ..format import checkpoint as ckpt
 from ..log.logdir import (LOG_START_CHECKPOINT, RECOVERY_POINT_CHECKPOINT,
                           REPLICATION_CHECKPOINT, LogDir)
 from ..log.partition import LEADER_EPOCH_FILE
+from .isr import leader_of
 from .partition_state import split_key
 
 
@@ -44,9 +45,9 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
         ps = state.partition(topic, p)
         if ps is None:
             continue
-        # the leader's log dir only: a follower holds no data until replication copies it
-        # (docs/protocol.md §1.2), and its checkpoints must not say otherwise
-        for logdir in state.topics[topic]["replicas"][p][:1]:
+        # the leader's log dir only: a follower's derived files are the coordinator's, written
+        # for what it holds (docs/protocol.md §1.3), and a commit must not say otherwise
+        for logdir in [leader_of(ps, state.topics[topic]["replicas"][p])]:
             by_dir[logdir][(topic, p)] = ps
             entries = ps.leader_epoch_entries()
             if written is not None and not _epoch_begins_in(entries, written.get((topic, p))):

@@ -29,6 +29,7 @@ from . import actions as A
 from . import log_dirs as L
 from .features import check_writable, known as known_features
 from .garbage import is_deleted_topic_dir
+from .isr import effective_min_isr, leader_of, replica_end
 from .metalog import META_DIR, MetadataLog, entry_name
 from .state import ClusterState, PartitionState
 
@@ -356,10 +357,16 @@ class Cluster:
         for p in range(info["partitions"]):
             ps = state.partition(topic, p)
             replicas = info["replicas"][p]
-            parts.append({"partition": p, "leader": replicas[0], "replicas": replicas,
-                          "isr": in_sync_replicas(replicas), "leader_epoch": ps.leader_epoch,
+            rep = ps.replication
+            # high_watermark: the stored one of a replicated partition (§1.3), which waits for
+            # the ISR; last_stable_offset: where it would be without replication
+            parts.append({"partition": p, "leader": leader_of(ps, replicas), "replicas": replicas,
+                          "isr": in_sync_replicas(replicas, ps), "leader_epoch": ps.leader_epoch,
                           "log_start_offset": ps.log_start_offset,
-                          "high_watermark": ps.high_watermark})
+                          "high_watermark": ps.high_watermark,
+                          "joining": list(rep["joining"]) if rep else [],
+                          "last_stable_offset": ps.last_stable_offset,
+                          "partition_epoch": rep["partition_epoch"] if rep else None})
         return {"topic": topic, "topic_id": info["topic_id"], "partitions": parts,
                 "configs": dict(info["configs"])}
 
@@ -378,7 +385,7 @@ class Cluster:
             info = state.topics.get(topic)
             if info is None or not 0 <= partition < info["partitions"]:
                 raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}")
-            logdir = info["replicas"][partition][0]
+            logdir = leader_of(state.partition(topic, partition), info["replicas"][partition])
         return f"{logdir}/{topic}-{partition}"
 
     def partition_view(self, topic: str, partition: int, state: Optional[ClusterState] = None,
@@ -465,21 +472,52 @@ class Cluster:
         return list(getattr(results[0], "aborted", []))
 
 
-def in_sync_replicas(replicas: List[str]) -> List[str]:
-    """A partition's ISR: its leader alone until followers are copied to (§1.2)."""
+def in_sync_replicas(replicas: List[str], ps: Optional[PartitionState] = None) -> List[str]:
+    """A partition's ISR: the one its replication state holds (§1.3), else (one replica, or no
+    feature ``replication``) its leader alone, as nothing copies to followers (§1.2)."""
+    if ps is not None and ps.replication is not None:
+        return list(ps.replication["isr"])
     return replicas[:1]
 
 
-def replication_summary(state: ClusterState) -> Dict[str, int]:
-    """Kafka's ReplicaManager gauges over every partition: how many there are, how many have
-    an ISR smaller than their replicas (``UnderReplicatedPartitions``) and how many an ISR
-    smaller than their topic's ``min.insync.replicas`` (``UnderMinIsrPartitionCount``)."""
-    out = {"partitions": 0, "under_replicated_partitions": 0, "under_min_isr_partitions": 0}
+def isr_health(isr_size: int, replication_factor: int,
+               min_insync_replicas: int) -> Dict[str, bool]:
+    """Kafka's partition-level flags: under-replicated (ISR smaller than the replicas), under
+    and at min ISR, against the effective min ISR (``min(min.insync.replicas, RF)``, the one
+    that freezes the high watermark, §1.3; Kafka's ``Partition.effectiveMinIsr``)."""
+    need = effective_min_isr(min_insync_replicas, replication_factor)
+    return {"under_replicated": isr_size < replication_factor,
+            "under_min_isr": isr_size < need, "at_min_isr": isr_size == need}
+
+
+def replication_summary(state: ClusterState) -> Dict[str, object]:
+    """Kafka's ReplicaManager gauges over every partition, from the real ISR: how many
+    partitions there are, how many have an ISR smaller than their replicas
+    (``UnderReplicatedPartitions``), smaller than the effective ``min.insync.replicas``
+    (``UnderMinIsrPartitionCount``) or equal to it (``AtMinIsrPartitionCount``); partitions by
+    ISR size (``{size: count}``); and the largest replication lag, in offsets, of any follower
+    of a replicated partition (LSO - end(r), §1.3; Kafka's ``MaxLag``; 0 without any)."""
+    out: Dict[str, object] = {"partitions": 0, "under_replicated_partitions": 0,
+                              "under_min_isr_partitions": 0, "at_min_isr_partitions": 0,
+                              "replication_max_lag_offsets": 0}
+    sizes: Dict[int, int] = {}
     for topic, info in state.topics.items():
         min_isr = state.topic_config(topic).min_insync_replicas
-        for replicas in info["replicas"]:
-            isr = len(in_sync_replicas(replicas))
+        for p, replicas in enumerate(info["replicas"]):
+            ps = state.partition(topic, p)
+            isr = len(in_sync_replicas(replicas, ps))
+            health = isr_health(isr, len(replicas), min_isr)
             out["partitions"] += 1
-            out["under_replicated_partitions"] += isr < len(replicas)
-            out["under_min_isr_partitions"] += isr < min_isr
+            out["under_replicated_partitions"] += health["under_replicated"]
+            out["under_min_isr_partitions"] += health["under_min_isr"]
+            out["at_min_isr_partitions"] += health["at_min_isr"]
+            sizes[isr] = sizes.get(isr, 0) + 1
+            if ps is not None and ps.replication is not None:
+                leader = leader_of(ps, replicas)
+                lso = ps.last_stable_offset
+                for r in replicas:
+                    if r != leader:
+                        out["replication_max_lag_offsets"] = max(
+                            out["replication_max_lag_offsets"], lso - replica_end(ps, r, leader))
+    out["partitions_by_isr_size"] = dict(sorted(sizes.items()))
     return out

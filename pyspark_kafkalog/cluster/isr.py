@@ -25,20 +25,50 @@ def merge_ranges(ranges: List[list]) -> List[list]:
     return out
 
 
+def subtract_ranges(ranges: List[list], minus: List[list]) -> List[list]:
+    """``[start, end)`` pieces of ``ranges`` outside every range of ``minus`` (both sorted)."""
+    out: List[list] = []
+    for s, e in ranges:
+        pos = s
+        for ms, me in minus:
+            if me <= pos or ms >= e:
+                continue
+            if ms > pos:
+                out.append([pos, ms])
+            pos = max(pos, me)
+            if pos >= e:
+                break
+        if pos < e:
+            out.append([pos, e])
+    return out
+
+
+def holds(held: List[list], start: int, end: int) -> bool:
+    """Whether merged ranges ``held`` cover all of ``[start, end)``."""
+    return start >= end or any(s <= start and end <= e for s, e in held)
+
+
 def new_replication(ps: PartitionState, leader: str) -> dict:
     """A partition's replication state when it starts to be replicated: the leader alone in
     sync, nothing held elsewhere, and the high watermark where readers already see it, so
     turning replication on hides nothing that was visible."""
-    return {"isr": [leader], "joining": [], "partition_epoch": 0, "held": {},
-            "high_watermark": ps.last_stable_offset}
+    return {"leader": leader, "isr": [leader], "joining": [], "partition_epoch": 0, "held": {},
+            "high_watermark": ps.last_stable_offset, "acked_above_hw": []}
 
 
-def replica_end(ps: PartitionState, log_dir: str, leader: str) -> int:
+def leader_of(ps: Optional[PartitionState], replicas: Sequence[str]) -> str:
+    """The log dir writers write and readers read: the elected one, else the preferred one."""
+    if ps is not None and ps.replication is not None:
+        return ps.replication["leader"]
+    return replicas[0]
+
+
+def replica_end(ps: PartitionState, log_dir: str, leader: Optional[str] = None) -> int:
     """``end(r)``: the first committed offset at or above the log start offset that ``r`` does
     not hold, capped at the last stable offset. The leader holds every committed range by the
     write rule (§3); aborted ranges are gaps and need no bytes, so only committed ranges count."""
     lso = ps.last_stable_offset
-    if ps.replication is None or log_dir == leader:
+    if ps.replication is None or log_dir == (leader or ps.replication["leader"]):
         return lso
     held = ps.replication["held"].get(log_dir, [])
     i = 0
@@ -68,13 +98,15 @@ def recompute_high_watermark(ps: PartitionState, replicas: Sequence[str],
     rep = ps.replication
     if rep is None:
         return
-    leader = replicas[0]
+    leader = rep["leader"]
     candidate = ps.last_stable_offset
     for r in rep["isr"] + rep["joining"]:
         if r != leader:
             candidate = min(candidate, replica_end(ps, r, leader))
     if len(rep["isr"]) >= effective_min_isr(min_insync_replicas, len(replicas)):
         rep["high_watermark"] = max(rep["high_watermark"], candidate)
+    if rep["acked_above_hw"]:
+        rep["acked_above_hw"] = [r for r in rep["acked_above_hw"] if r[1] > rep["high_watermark"]]
 
 
 def clip_held(ps: PartitionState) -> None:
@@ -92,10 +124,11 @@ def clip_held(ps: PartitionState) -> None:
 def check_progress(ps: PartitionState, replicas: Sequence[str],
                    ranges: Dict[str, list]) -> Optional[str]:
     """Why a ``replica_progress`` for one partition is invalid, or None."""
+    leader = ps.replication["leader"]
     for log_dir, rs in ranges.items():
-        if log_dir not in replicas[1:]:
+        if log_dir not in replicas or log_dir == leader:
             return (f"log dir {log_dir!r} is not a follower of this partition (replicas "
-                    f"{', '.join(replicas)})")
+                    f"{', '.join(replicas)}, leader {leader})")
         for r in rs:
             if len(r) != 2 or not 0 <= r[0] < r[1] <= ps.next_offset:
                 return f"range {r!r:.60} is not within [0, next offset {ps.next_offset}]"
@@ -117,7 +150,7 @@ def check_isr_change(ps: PartitionState, replicas: Sequence[str], partition_epoc
     if partition_epoch != rep["partition_epoch"]:
         return ("INVALID_UPDATE_VERSION", f"partition epoch {partition_epoch} is not the "
                 f"current one, {rep['partition_epoch']}")
-    leader = replicas[0]
+    leader = rep["leader"]
     if not isr or isr[0] != leader:
         return ("INVALID_REQUEST", f"the ISR must start with the leader {leader!r}")
     both = isr + joining
@@ -133,9 +166,100 @@ def check_isr_change(ps: PartitionState, replicas: Sequence[str], partition_epoc
             if end < hw:
                 return ("INELIGIBLE_REPLICA", f"{r!r} holds data up to {end}, below the high "
                         f"watermark {hw}")
+            held = rep["held"].get(r, [])
+            lacking = [a for a in rep["acked_above_hw"]
+                       if not holds(held, max(a[0], ps.log_start_offset), a[1])]
+            if lacking:
+                return ("INELIGIBLE_REPLICA", f"{r!r} lacks acks=all data above the high "
+                        f"watermark: {lacking[0]}")
     return None
 
 
 def apply_isr_change(ps: PartitionState, isr: List[str], joining: List[str]) -> None:
     ps.replication = dict(ps.replication, isr=list(isr), joining=list(joining),
                           partition_epoch=ps.replication["partition_epoch"] + 1)
+
+
+# -- acks -----------------------------------------------------------------------------------------
+
+def acks_all_problem(ps: PartitionState, replicas: Sequence[str], min_insync_replicas: int,
+                     start: int, end: int, *, appended: bool) -> Optional[tuple]:
+    """(error name, message) when an acks=all range ``[start, end)`` of a replicated partition
+    may not be reserved (``appended`` False: only the ISR size counts) or committed yet (every
+    ISR and joining member holds it), else None. The one rule for replay and for waiting
+    writers."""
+    rep = ps.replication
+    if rep is None:
+        return None
+    need = effective_min_isr(min_insync_replicas, len(replicas))
+    if len(rep["isr"]) < need:
+        name = "NOT_ENOUGH_REPLICAS_AFTER_APPEND" if appended else "NOT_ENOUGH_REPLICAS"
+        return (name, f"the ISR {rep['isr']} is smaller than min.insync.replicas "
+                f"{min_insync_replicas} (effective {need})")
+    if appended:
+        for r in rep["isr"] + rep["joining"]:
+            if r != rep["leader"] and not holds(rep["held"].get(r, []), start, end):
+                return ("NOT_ENOUGH_REPLICAS_AFTER_APPEND", f"{r} does not hold offsets "
+                        f"{start} to {end - 1} yet")
+    return None
+
+
+def add_acked(ps: PartitionState, start: int, end: int) -> None:
+    rep = ps.replication
+    if rep is not None and end > rep["high_watermark"]:
+        ps.replication = dict(rep, acked_above_hw=merge_ranges(rep["acked_above_hw"]
+                                                               + [[start, end]]))
+
+
+# -- elections ------------------------------------------------------------------------------------
+
+ELECTIONS = ("offline", "unclean")
+
+
+def check_election(ps: PartitionState, replicas: Sequence[str], partition_epoch: int,
+                   leader: str, election: str, unclean_enabled: bool) -> Optional[tuple]:
+    rep = ps.replication
+    if partition_epoch != rep["partition_epoch"]:
+        return ("INVALID_UPDATE_VERSION", f"partition epoch {partition_epoch} is not the "
+                f"current one, {rep['partition_epoch']}")
+    if leader not in replicas:
+        return ("INVALID_REQUEST", f"{leader!r} is not a replica ({', '.join(replicas)})")
+    if leader == rep["leader"]:
+        return ("ELECTION_NOT_NEEDED", f"{leader} leads already")
+    if election == "offline" and leader not in rep["isr"]:
+        return ("ELIGIBLE_LEADERS_NOT_AVAILABLE", f"{leader} is not in the ISR {rep['isr']}")
+    if election == "unclean" and not unclean_enabled:
+        return ("ELIGIBLE_LEADERS_NOT_AVAILABLE", "unclean.leader.election.enable is false")
+    return None
+
+
+def apply_election(ps: PartitionState, leader: str, election: str) -> List[list]:
+    """The new leader's log becomes the partition's: committed ranges it lacks are truncated
+    (returned; the caller records them as aborted and aborts the open txns). The caller has
+    checked :func:`check_election`."""
+    rep = ps.replication
+    lo = ps.log_start_offset
+    committed = [[max(s, lo), e] for s, e, _ in ps.committed if e > lo]
+    lacking = subtract_ranges(committed, rep["held"].get(leader, []))
+    if lacking:
+        kept: List[list] = []
+        for s, e, epoch in ps.committed:
+            for piece in subtract_ranges([[s, e]], lacking):
+                kept.append([piece[0], piece[1], epoch])
+        ps.committed = kept
+        for s, e in lacking:
+            ps.add_aborted(s, e)
+    old = rep["leader"]
+    held = {d: rs for d, rs in rep["held"].items() if d != leader}
+    now_committed = merge_ranges([[max(s, lo), e] for s, e, _ in ps.committed if e > lo])
+    if now_committed:
+        held[old] = now_committed
+    if election == "unclean":
+        isr, joining, acked = [leader], [], []
+    else:
+        isr = [leader] + [r for r in rep["isr"] if r not in (leader, old)]
+        joining, acked = [r for r in rep["joining"] if r != leader], rep["acked_above_hw"]
+    ps.replication = dict(rep, leader=leader, isr=isr, joining=joining, held=held,
+                          acked_above_hw=acked, partition_epoch=rep["partition_epoch"] + 1)
+    ps.leader_epoch += 1
+    return lacking

@@ -42,7 +42,8 @@ class PartitionState:
         # offset), never because a range is merely absent from ``committed``
         self.aborted: List[list] = [] if aborted is None else aborted
         #: None unless the partition is replicated under the feature ``replication`` (§1.3):
-        #: isr, joining, partition_epoch, held {log dir: [[start, end]...]}, high_watermark.
+        #: leader, isr, joining, partition_epoch, held {log dir: [[start, end]...]},
+        #: high_watermark, acked_above_hw.
         #: Replaced, or its top-level keys set, never changed deeper (clones share the rest).
         self.replication: Optional[dict] = replication
 
@@ -198,7 +199,8 @@ def check_replication(rep) -> bool:
     def ranges(v):
         return type(v) is list and all(type(r) is list and len(r) == 2
                                        and all(type(x) is int for x in r) for r in v)
-    return (type(rep) is dict and strs(rep.get("isr")) and strs(rep.get("joining"))
+    return (type(rep) is dict and type(rep.get("leader")) is str and strs(rep.get("isr"))
+            and strs(rep.get("joining")) and ranges(rep.get("acked_above_hw"))
             and type(rep.get("partition_epoch")) is int and type(rep.get("high_watermark")) is int
             and type(rep.get("held")) is dict
             and all(type(k) is str and ranges(v) for k, v in rep["held"].items()))

@@ -21,6 +21,7 @@ from ..format.records import LOG_APPEND_TIME, Record
 from ..log.segment_spool import SegmentSpool
 from ..log.segment_writer import run_all, write_segments
 from . import actions as A
+from .acks import parse_acks, reserve_acks, wait_for_replicas
 from .checkpoints import sync_checkpoints, written_ranges
 from .state import split_key, tp_key
 
@@ -78,9 +79,14 @@ def span(batches: Sequence[EncodedBatch]) -> int:
 
 
 class Producer:
-    def __init__(self, cluster, *, transaction_timeout_ms: Optional[int] = None):
+    def __init__(self, cluster, *, transaction_timeout_ms: Optional[int] = None,
+                 acks=None, request_timeout_ms: Optional[int] = None):
+        """``acks``: Kafka's producer setting, ``all`` (default) or ``1`` (docs/protocol.md
+        §1.3); ``request_timeout_ms``: how long an acks=all commit waits for the ISR."""
         self.cluster = cluster
         self.timeout_ms = transaction_timeout_ms or cluster.transaction_timeout_ms
+        self.acks = parse_acks(acks)
+        self.request_timeout_ms = request_timeout_ms
 
     def encode(self, topic: str, records: Sequence[Record], *, compression=None,
                batch_records: int = 1000, state=None) -> List[EncodedBatch]:
@@ -129,9 +135,15 @@ class Producer:
         cluster.abort_expired(state)   # dead writers must not hold the high watermark for long
         txn = uuid.uuid4().hex
         counts = {tp_key(*tp): span(b) for tp, b in batches.items()}
-        result = cluster.submit_one(A.Reserve(txn=txn, producer=cluster.metalog.writer_id,
-                                              timeout_ms=self.timeout_ms,
-                                              principal=cluster.principal, partitions=counts))
+        try:
+            result = cluster.submit_one(A.Reserve(txn=txn, producer=cluster.metalog.writer_id,
+                                                  timeout_ms=self.timeout_ms,
+                                                  principal=cluster.principal, partitions=counts,
+                                                  acks=reserve_acks(state, self.acks)))
+        except BaseException:   # refused (NOT_ENOUGH_REPLICAS, ACLs, ...): nothing to keep
+            for spool in spools.values():
+                spool.discard()
+            raise
         pending = PendingWrite(txn, result.ranges)
         state = cluster.state(refresh=False)
         now = cluster.now_ms()
@@ -189,6 +201,11 @@ class Producer:
         if not pending:
             return
         cluster = self.cluster
+        try:
+            wait_for_replicas(cluster, [p.txn for p in pending], self.request_timeout_ms)
+        except BaseException:
+            self._try_abort(pending)
+            raise
         _, state, results = cluster.submit([A.Commit(txns=[p.txn for p in pending])])
         result = results[0]
         if not result.ok:

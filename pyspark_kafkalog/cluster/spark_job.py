@@ -42,6 +42,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional
 from ..errors import (FencedLeaderEpochError, InvalidConfigError, KafkaLogError,
                       TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_for)
 from . import actions as A
+from .acks import wait_for_replicas
 from .checkpoints import sync_checkpoints, written_ranges
 from .cluster import CLUSTER_FILE, Cluster
 from .features import STREAMING_SINK
@@ -234,11 +235,15 @@ def _sweep_late(cluster: Cluster, producer: str, decided: Iterable[str]) -> None
                      "decided", late)
 
 
-def commit_job(cluster: Cluster, pending: List[PendingWrite], producer: str) -> None:
-    """Commit every task's writes in ONE entry, aborting the job's other reservations in it."""
+def commit_job(cluster: Cluster, pending: List[PendingWrite], producer: str,
+               request_timeout_ms: Optional[int] = None) -> None:
+    """Commit every task's writes in ONE entry, aborting the job's other reservations in it.
+    acks=all writes first wait for the ISR (docs/protocol.md §1.3): before the decision
+    marker, so that a job that cannot be replicated is aborted (Spark calls ``abort_job``)."""
     cluster.metalog.writer_id = producer
-    _mark_decided(cluster, producer, "commit")
     txns = list(dict.fromkeys(p.txn for p in pending))
+    wait_for_replicas(cluster, txns, request_timeout_ms)
+    _mark_decided(cluster, producer, "commit")
     stale = _job_txns(cluster.state(), producer, txns)
     _decide_commit(cluster, pending, producer,
                    A.Commit(txns=txns, spark_job=producer) if txns else None, stale)
@@ -317,7 +322,7 @@ def _stream_txns(state, sink: str, batch: int, exclude: Iterable[str]) -> Dict[s
 
 
 def commit_stream_batch(cluster: Cluster, pending: List[PendingWrite], producer: str,
-                        sink: str, batch: int) -> bool:
+                        sink: str, batch: int, request_timeout_ms: Optional[int] = None) -> bool:
     """Commit a micro-batch at most once per (sink, batch), in ONE entry that also aborts the
     sink's stale reservations. False when the batch had been committed before (a replay after a
     restart): the replay's writes are aborted and their files deleted, and the batch counts as
@@ -326,6 +331,7 @@ def commit_stream_batch(cluster: Cluster, pending: List[PendingWrite], producer:
     txns = list(dict.fromkeys(p.txn for p in pending))
     if not txns:
         return True
+    wait_for_replicas(cluster, txns, request_timeout_ms)   # acks=all (§1.3), before deciding
     if STREAMING_SINK not in cluster.state().reader_features:
         # its own entry before the first stream_commit (§2.3); a concurrent enabler's entry
         # only makes ours a no-op

@@ -339,6 +339,44 @@ class ClusterState:
         R.recompute_high_watermark(ps, info["replicas"][p],
                                    self.topic_config(topic).min_insync_replicas)
 
+    def _acks_all_problem(self, key: str, start: int, end: int, *, appended: bool):
+        ps = self.partitions.get(key)
+        if ps is None or ps.replication is None:
+            return None
+        topic, p = split_key(key)
+        return R.acks_all_problem(ps, self.topics[topic]["replicas"][p],
+                                  self.topic_config(topic).min_insync_replicas, start, end,
+                                  appended=appended)
+
+    def _elect_leader(self, a: A.ElectLeader, ts: int) -> A.Result:
+        """A new leader per partition (§1.3): truncates what it lacks, aborts the partition's
+        open txns (their writers wrote to the old leader)."""
+        if REPLICATION not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"elect_leader needs the feature {REPLICATION}")
+        if a.election not in R.ELECTIONS:
+            return A.error("INVALID_REQUEST", f"election {a.election!r:.20} is not one of "
+                           f"{', '.join(R.ELECTIONS)}")
+        out: Dict[str, A.Result] = {}
+        for key, change in a.partitions.items():
+            topic, p = split_key(key)
+            bad = self._replicated(key, a.topic_ids)
+            if bad is None:
+                why = R.check_election(self.partitions[key], self.topics[topic]["replicas"][p],
+                                       change["partition_epoch"], change["leader"], a.election,
+                                       self.topic_config(topic).unclean_leader_election)
+                bad = None if why is None else A.error(*why)
+            if bad is not None:
+                out[key] = bad
+                continue
+            ps = self._partition_w(key)
+            R.apply_election(ps, change["leader"], a.election)
+            doomed = sorted(ps.open)
+            if doomed:
+                self._abort(A.Abort(txns=doomed, reason="leader_election"), ts)
+            self._refresh_hw(key)
+            out[key] = A.Result()
+        return A.PartitionsResult(partitions=out)
+
     def _replicated(self, key: str, topic_ids: Dict[str, str]) -> Optional[A.Result]:
         """Why a coordinator's replication action cannot apply to one partition, or None."""
         topic, _ = split_key(key)
@@ -508,6 +546,14 @@ class ClusterState:
                                f"{a.principal} may not write to {topic!r}")
             if count < 1:
                 return A.error("INVALID_REQUEST", f"reservation of {count} offsets in {key}")
+        if a.acks != "1":
+            if REPLICATION not in self.reader_features or a.acks != "all":
+                return A.error("INVALID_REQUEST", f"acks {a.acks!r:.20} needs the feature "
+                               f"{REPLICATION} and is \"all\" or \"1\"")
+            for key in a.partitions:
+                bad = self._acks_all_problem(key, 0, 0, appended=False)
+                if bad:
+                    return A.error(bad[0], f"{key}: {bad[1]}")
         ranges = {}
         for key, count in a.partitions.items():
             p = self._partition_w(key)
@@ -522,6 +568,8 @@ class ClusterState:
         # server-side time), not by the writer's own, which may be wrong either way
         self.txns[txn] = {"deadline": ts + a.timeout_ms, "producer": producer,
                           "ranges": ranges, "seq": self.seq + 1, "timeout_ms": a.timeout_ms}
+        if a.acks == "all":
+            self.txns[txn]["acks"] = "all"
         if self._own_txns is not None:
             self._own_txns.add(txn)
         return A.ReserveResult(ranges={k: list(r) for k, r in ranges.items()})
@@ -540,6 +588,13 @@ class ClusterState:
             if outcome is None:
                 return A.error("INVALID_TXN_STATE", f"unknown transaction {txn}")
         for txn in a.txns:
+            info = self.txns.get(txn)
+            if info is not None and info.get("acks") == "all":
+                for key, (start, end, _epoch) in info["ranges"].items():
+                    bad = self._acks_all_problem(key, start, end, appended=True)
+                    if bad:
+                        return A.error(bad[0], f"transaction {txn}, {key}: {bad[1]}")
+        for txn in a.txns:
             info = self.txns.pop(txn, None)
             if info is None:
                 continue   # already committed: commits are idempotent
@@ -549,6 +604,8 @@ class ClusterState:
                     p.open.pop(txn, None)
                     p.add_committed(start, end, epoch)
                     self._refresh_hw(key)
+                    if info.get("acks") == "all":
+                        R.add_acked(p, start, end)
             self._decide(txn, "committed")
         return A.Result()
 
@@ -683,6 +740,7 @@ class ClusterState:
                 p.committed = [r for r in p.committed if r[1] > offset]
                 p.aborted = [[max(r[0], offset), r[1]] for r in p.aborted if r[1] > offset]
                 R.clip_held(p)
+                self._refresh_hw(key)   # §1.3: end(r) counts from the log start offset
             out[key] = A.LogStartResult(low_watermark=p.log_start_offset)
         return A.SetLogStartResult(partitions=out)
 
@@ -745,5 +803,6 @@ HANDLERS = {
     A.EnableFeatures: ClusterState._protocol,
     A.ReplicaProgress: ClusterState._replica_progress,
     A.AlterIsr: ClusterState._alter_isr,
+    A.ElectLeader: ClusterState._elect_leader,
 }
 assert set(HANDLERS) == set(A.ACTIONS.values()), "every action needs a handler"

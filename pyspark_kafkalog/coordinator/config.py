@@ -24,7 +24,8 @@ KEYS = {"coordinator.bind": ("bind", str),
         "coordinator.maintenance.enable": ("maintenance", bool),
         "coordinator.replication.enable": ("replication", bool),
         "replica.lag.time.max.ms": ("replica_lag_time_max_ms", int),
-        "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", int)}
+        "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", int),
+        "broker.session.timeout.ms": ("broker_session_timeout_ms", int)}
 #: every key the file may hold
 ALL_KEYS = frozenset(KEYS) | MAINTENANCE_KEYS
 

@@ -3,9 +3,10 @@
 Each coordinator has its own ``CollectorRegistry``, not prometheus_client's global one: two
 coordinators in one process (tests; a driver that runs one per cluster) must not share counters,
 and a process that never starts one must export nothing. Only what is measured today is
-exported: the replication gauges count what the metadata says today (followers are placed but
-not copied to, so every partition with more than one replica is under-replicated); replication
-lag arrives with the copying, not as a placeholder before it (docs/coordinator.md, "Metrics").
+exported: the replication gauges count what the metadata says at each scrape: the ISR of every
+replicated partition (docs/protocol.md §1.3; the leader alone for a partition that is not), the
+partitions by ISR size, and the largest replication lag in offsets (docs/coordinator.md,
+"Metrics").
 """
 from __future__ import annotations
 
@@ -51,9 +52,10 @@ class CoordinatorMetrics:
         self._server = None
         self._thread = None
 
-    def watch_replication(self, summary: Callable[[], Mapping[str, int]]) -> None:
+    def watch_replication(self, summary: Callable[[], Mapping[str, object]]) -> None:
         """Export ``summary()`` (``cluster.replication_summary`` of the current state), computed
-        at each scrape: counts of partitions, so never stale and never a placeholder."""
+        at each scrape: counts of partitions (and ``partitions_by_isr_size``, {size: count}, as
+        one gauge labelled ``size``), so never stale and never a placeholder."""
         self.registry.register(_ReplicationCollector(summary))
 
     def count_runs(self, runs) -> None:
@@ -77,7 +79,7 @@ class CoordinatorMetrics:
         out: Dict[str, object] = {}
         for family in self.registry.collect():
             short = family.name[len(PREFIX) + 1:]
-            if family.name.startswith(f"{PREFIX}_maintenance_"):
+            if family.name.startswith(f"{PREFIX}_maintenance_") or short == _BY_ISR_SIZE[0]:
                 out[short] = {}
             for sample in family.samples:
                 if sample.name.endswith("_created"):
@@ -85,6 +87,8 @@ class CoordinatorMetrics:
                 value = int(sample.value) if float(sample.value).is_integer() else sample.value
                 if "kind" in sample.labels:
                     out[short][sample.labels["kind"]] = value
+                elif "size" in sample.labels:    # partitions_by_isr_size: {size: count}
+                    out[short][int(sample.labels["size"])] = value
                 else:
                     out[short] = value
         return out
@@ -106,8 +110,16 @@ _REPLICATION = {
     "under_replicated_partitions": "Partitions whose ISR is smaller than their replicas "
                                    "(Kafka's UnderReplicatedPartitions)",
     "under_min_isr_partitions": "Partitions whose ISR is smaller than their topic's "
-                                "min.insync.replicas (Kafka's UnderMinIsrPartitionCount)",
+                                "min.insync.replicas, at most the replication factor (Kafka's "
+                                "UnderMinIsrPartitionCount); their high watermark does not move",
+    "at_min_isr_partitions": "Partitions whose ISR is exactly their topic's min.insync.replicas, "
+                             "at most the replication factor (Kafka's AtMinIsrPartitionCount)",
+    "replication_max_lag_offsets": "The largest lag of any follower of a replicated partition, "
+                                   "in offsets: last stable offset - the end of what it holds "
+                                   "(Kafka's MaxLag)",
 }
+#: partitions by ISR size, one sample per size present
+_BY_ISR_SIZE = ("partitions_by_isr_size", "Partitions by the size of their ISR")
 
 
 class _ReplicationCollector:
@@ -115,7 +127,9 @@ class _ReplicationCollector:
         self._summary = summary
 
     def describe(self):   # without reading the cluster when registered
-        return [GaugeMetricFamily(f"{PREFIX}_{k}", h) for k, h in _REPLICATION.items()]
+        return ([GaugeMetricFamily(f"{PREFIX}_{k}", h) for k, h in _REPLICATION.items()]
+                + [GaugeMetricFamily(f"{PREFIX}_{_BY_ISR_SIZE[0]}", _BY_ISR_SIZE[1],
+                                     labels=["size"])])
 
     def collect(self):
         try:
@@ -125,6 +139,11 @@ class _ReplicationCollector:
             return
         for key, help_ in _REPLICATION.items():
             yield GaugeMetricFamily(f"{PREFIX}_{key}", help_, value=values[key])
+        by_size = GaugeMetricFamily(f"{PREFIX}_{_BY_ISR_SIZE[0]}", _BY_ISR_SIZE[1],
+                                    labels=["size"])
+        for size, count in sorted((values.get(_BY_ISR_SIZE[0]) or {}).items()):
+            by_size.add_metric([str(size)], count)
+        yield by_size
 
 
 def metrics_url(host: str, port: Optional[int]) -> Optional[str]:

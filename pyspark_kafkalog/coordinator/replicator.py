@@ -32,6 +32,7 @@ from .copier import copy_partition_metadata, copy_segment
 log = logging.getLogger(__name__)
 
 DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
+DEFAULT_BROKER_SESSION_TIMEOUT_MS = 9_000
 
 TP = Tuple[str, int]
 
@@ -45,6 +46,8 @@ class PassResult:
     progress: Dict[str, Dict[str, List[List[int]]]] = field(default_factory=dict)
     isr_changes: Dict[str, dict] = field(default_factory=dict)
     failures: Dict[str, str] = field(default_factory=dict)   # "tp log dir" -> why
+    elections: Dict[str, int] = field(default_factory=dict)  # kind -> partitions
+    truncated_files: int = 0
 
     @property
     def kind(self) -> str:
@@ -61,10 +64,15 @@ class Replicator:
 
     def __init__(self, cluster, epoch: Callable[[], Optional[int]], *,
                  replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+                 broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
                  enable: bool = True, clock_ms: Optional[Callable[[], int]] = None):
         self.cluster = cluster
         self.epoch = epoch
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        self.broker_session_timeout_ms = broker_session_timeout_ms
+        self._failing_since: Dict[str, int] = {}   # log dir -> first failed probe, ms
+        self._offline: set = set()
+        self._stuck: set = set()                   # partitions without an eligible leader
         self.enable = enable
         self.clock_ms = clock_ms or cluster.now_ms
         self._caught_up: Dict[Tuple[str, str], int] = {}   # (tp key, log dir) -> ms
@@ -90,15 +98,16 @@ class Replicator:
     # -- one pass -----------------------------------------------------------------------------
 
     def run_pass(self, epoch: int, state) -> PassResult:
-        """Copy what followers lack, record it, then decide the ISR. ``state`` must be replayed
-        *before* the leaders are listed: every segment of a range committed in it was written
-        before its commit, hence is in the listing."""
+        """Elect where a leader's log dir is offline, copy what followers lack, record it,
+        then decide the ISR. ``state`` must be replayed *before* the leaders are listed: every
+        segment of a range committed in it was written before its commit, hence is listed."""
         now = self.clock_ms()
         if self._clock_epoch != epoch:
             self._start_clocks(state, now)
             self._clock_epoch = epoch
         result = PassResult()
-        offline = self._offline_log_dirs(state)
+        offline = self._probe(state, now)
+        state = self._elect(epoch, state, offline, result)
         lso_seen: Dict[str, int] = {}
         topic_ids: Dict[str, str] = {}
         for topic, info in state.topics.items():
@@ -108,11 +117,17 @@ class Replicator:
                 if ps is None or ps.replication is None:
                     continue
                 lso_seen[key] = ps.last_stable_offset
-                behind = [r for r in replicas[1:] if r not in offline
-                          and replica_end(ps, r, replicas[0]) < ps.last_stable_offset]
+                leader = ps.replication["leader"]
+                if leader in offline:
+                    continue
+                urgent = _open_acks_all(state, key)
+                members = ps.replication["isr"] + ps.replication["joining"]
+                behind = [r for r in replicas if r != leader and r not in offline
+                          and (replica_end(ps, r) < ps.last_stable_offset
+                               or (urgent and r in members))]
                 if behind:
                     topic_ids[topic] = info["topic_id"]
-                    self._copy_partition(state, topic, p, replicas[0], behind, result)
+                    self._copy_partition(state, topic, p, leader, behind, urgent, result)
         after = state
         if result.progress:
             after = self._submit(A.ReplicaProgress(coordinator_epoch=epoch, topic_ids=topic_ids,
@@ -123,30 +138,84 @@ class Replicator:
             if ps is None or ps.replication is None:
                 continue
             topic, p = key.rsplit(":", 1)
-            replicas = after.topics[topic]["replicas"][int(p)]
-            for r in replicas[1:]:
-                if r not in offline and f"{key} {r}" not in result.failures \
-                        and replica_end(ps, r, replicas[0]) >= lso:
+            for r in after.topics[topic]["replicas"][int(p)]:
+                if r != ps.replication["leader"] and r not in offline \
+                        and f"{key} {r}" not in result.failures and replica_end(ps, r) >= lso:
                     self._caught_up[(key, r)] = now
-        self._decide_isr(epoch, after, now, result)
+        self._decide_isr(epoch, after, now, offline, result)
         return result
 
-    def _offline_log_dirs(self, state) -> set:
-        """Follower log dirs that cannot be read now (a root renamed, unmounted, a bucket
-        gone): one request per log dir per pass. Their followers are not caught up, so they
-        leave the ISR after ``replica.lag.time.max.ms``, as a dead Kafka broker's do."""
-        dirs = {r for info in state.topics.values() for reps in info["replicas"]
-                for r in reps[1:]}
-        offline = set()
+    def _probe(self, state, now: int) -> set:
+        """Log dirs holding replicas that are offline: unreadable (``meta.properties`` gone: a
+        root renamed, unmounted, a bucket deleted) on every probe for
+        ``broker.session.timeout.ms``. One request per log dir per pass. A follower that cannot
+        be read is also not caught up, so it leaves the ISR after ``replica.lag.time.max.ms``,
+        as a dead Kafka broker's replicas do, whichever comes first."""
+        dirs = {r for info in state.topics.values() for reps in info["replicas"] for r in reps}
+        down = set()
         for r in sorted(dirs):
             try:
-                if not self.cluster.storage.exists(f"{r}/{META_PROPERTIES}"):
-                    offline.add(r)
+                ok = self.cluster.storage.exists(f"{r}/{META_PROPERTIES}")
             except (KafkaLogError, OSError):
-                offline.add(r)
-        if offline:
-            log.warning("replication: log dir(s) %s cannot be read", ", ".join(sorted(offline)))
-        return offline
+                ok = False
+            if ok:
+                self._failing_since.pop(r, None)
+            else:
+                since = self._failing_since.setdefault(r, now)
+                down.add(r)
+                if now - since >= self.broker_session_timeout_ms and r not in self._offline:
+                    log.warning("replication: log dir %s is offline (unreadable for %d ms)", r,
+                                now - since)
+        was = self._offline
+        self._offline = {r for r in down if now - self._failing_since[r]
+                         >= self.broker_session_timeout_ms}
+        for r in sorted(was - self._offline):
+            log.info("replication: log dir %s is online again", r)
+        # unreadable followers are skipped for copying at once; leaders only once offline
+        return down
+
+    @property
+    def offline_log_dirs(self) -> set:
+        return set(self._offline)
+
+    def _elect(self, epoch: int, state, unreadable: set, result: PassResult):
+        """Kafka's offline election for every partition whose leader's log dir is offline:
+        the first ISR member in replica order that is online; else, where the topic allows
+        it, the online replica that holds most (unclean)."""
+        by_kind: Dict[str, Dict[str, dict]] = {"offline": {}, "unclean": {}}
+        topic_ids: Dict[str, str] = {}
+        for topic, info in state.topics.items():
+            for p, replicas in enumerate(info["replicas"]):
+                key = tp_key(topic, p)
+                ps = state.partitions.get(key)
+                if ps is None or ps.replication is None:
+                    continue
+                rep = ps.replication
+                if rep["leader"] not in self._offline:
+                    continue
+                live = [r for r in replicas if r not in unreadable]
+                clean = [r for r in live if r in rep["isr"]]
+                if clean:
+                    kind, leader = "offline", clean[0]
+                elif live and state.topic_config(topic).unclean_leader_election:
+                    kind, leader = "unclean", max(live, key=lambda r: replica_end(ps, r))
+                else:
+                    if key not in self._stuck:
+                        log.error("replication: %s has no eligible leader (leader %s offline, "
+                                  "ISR %s); it waits for its log dir", key, rep["leader"],
+                                  rep["isr"])
+                        self._stuck.add(key)
+                    continue
+                self._stuck.discard(key)
+                by_kind[kind][key] = {"partition_epoch": rep["partition_epoch"], "leader": leader}
+                topic_ids[topic] = info["topic_id"]
+        for kind, parts in by_kind.items():
+            if parts:
+                log.warning("replication: %s leader election for %s", kind, parts)
+                state = self._submit(A.ElectLeader(coordinator_epoch=epoch, topic_ids=topic_ids,
+                                                   election=kind, partitions=parts), result)
+                result.elections[kind] = result.elections.get(kind, 0) + len(parts)
+        return state
 
     def _start_clocks(self, state, now: int) -> None:
         self._caught_up = {}
@@ -156,7 +225,7 @@ class Replicator:
                     self._caught_up[(key, r)] = now
 
     def _copy_partition(self, state, topic: str, p: int, leader: str, behind: List[str],
-                        result: PassResult) -> None:
+                        urgent: List[list], result: PassResult) -> None:
         key = tp_key(topic, p)
         ps = state.partitions[key]
         storage = self.cluster.storage
@@ -169,6 +238,7 @@ class Replicator:
                 result.failures[f"{key} {r}"] = f"listing the leader {leader}: {exc}"
             return
         lo = ps.log_start_offset
+        members = ps.replication["isr"] + ps.replication["joining"]
         for r in behind:
             held = ps.replication["held"].get(r, [])
             dst_dir = self.cluster.partition_dir(topic, p, r, state)
@@ -178,6 +248,10 @@ class Replicator:
                 for i, base in enumerate(bases):
                     nxt = bases[i + 1] if i + 1 < len(bases) else None
                     span = _segment_span(ps.committed, base, nxt, lo)
+                    is_open = False
+                    if span is None and r in members:
+                        # an open acks=all range: its writer waits for this copy to commit
+                        span, is_open = _open_span(urgent, base), True
                     if span is None or _held(held, span[0]):
                         continue
                     if not metadata_done:
@@ -185,13 +259,16 @@ class Replicator:
                         metadata_done = True
                     copy = copy_segment(storage, src_dir, storage, dst_dir, base,
                                         end_offset=span[1])
-                    copied.append(list(span))
+                    # an open range's later segments may still be on their way: only what
+                    # this file holds counts
+                    copied.append([span[0], copy.end_offset] if is_open else list(span))
                     result.segments += 1
                     result.bytes += copy.bytes
                     result.by_mode[copy.mode] = result.by_mode.get(copy.mode, 0) + 1
             except KafkaLogError as exc:
                 result.failures[f"{key} {r}"] = str(exc)
                 log.warning("replication: copying %s to %s stopped: %s", key, r, exc)
+            copied = [c for c in copied if c[0] < c[1]]
             if copied:
                 result.progress.setdefault(key, {})[r] = copied
 
@@ -209,7 +286,8 @@ class Replicator:
                             r.message)
         return after
 
-    def _decide_isr(self, epoch: int, state, now: int, result: PassResult) -> None:
+    def _decide_isr(self, epoch: int, state, now: int, unreadable: set,
+                    result: PassResult) -> None:
         changes: Dict[str, dict] = {}
         topic_ids: Dict[str, str] = {}
         lag = self.replica_lag_time_max_ms
@@ -220,21 +298,25 @@ class Replicator:
                 if ps is None or ps.replication is None:
                     continue
                 rep = ps.replication
+                leader = rep["leader"]
                 isr, joining = list(rep["isr"]), list(rep["joining"])
-                for r in replicas[1:]:
+                for r in replicas:
+                    if r == leader:
+                        continue
                     fresh = now - self._caught_up.get((key, r), -(1 << 62)) <= lag
                     if r in isr or r in joining:
                         if not fresh:
                             (isr if r in isr else joining).remove(r)
-                    elif fresh:
+                    elif fresh and r not in unreadable and self._clean_returning(state, topic,
+                                                                                 p, r, result):
                         joining.append(r)
                 for r in list(joining):
-                    if r in rep["joining"] and replica_end(ps, r, replicas[0]) >= \
-                            rep["high_watermark"]:
+                    if r in rep["joining"] and replica_end(ps, r) >= rep["high_watermark"]:
                         joining.remove(r)
                         isr.append(r)
                 if isr != rep["isr"] or joining != rep["joining"]:
                     order = {r: i for i, r in enumerate(replicas)}
+                    order[leader] = -1
                     changes[key] = {"partition_epoch": rep["partition_epoch"],
                                     "isr": sorted(isr, key=order.get),
                                     "joining": sorted(joining, key=order.get)}
@@ -245,6 +327,40 @@ class Replicator:
             result.isr_changes = changes
             log.info("replication: ISR changes %s", changes)
 
+    def _clean_returning(self, state, topic: str, p: int, r: str, result: PassResult) -> bool:
+        """Before a replica joins: delete its segments that are not committed data (truncated
+        by an election, aborted, below the log start offset), ``.log`` first, so that its log
+        is a prefix of the leader's (KIP-101's truncation, at segment granularity: offsets
+        are never reused, so no kept file can name other records)."""
+        ps = state.partition(topic, p)
+        d = self.cluster.partition_dir(topic, p, r, state)
+        storage = self.cluster.storage
+        try:
+            names = [f.name for f in storage.list(d)]
+        except KafkaLogError as exc:
+            result.failures[f"{tp_key(topic, p)} {r}"] = f"listing before joining: {exc}"
+            return False
+        doomed = []
+        for name in names:
+            stem, dot, suffix = name.partition(".")
+            if not stem.isdigit() or suffix not in ("log", "index", "timeindex", "txnindex"):
+                continue
+            base = int(stem)
+            if _segment_span(ps.committed, base, None, ps.log_start_offset) is None \
+                    and not _open_span(_open_acks_all(state, tp_key(topic, p)), base):
+                doomed.append(name)
+        if doomed:
+            doomed.sort(key=lambda n: (not n.endswith(".log"), n))
+            log.info("replication: %s-%d on %s: deleting %d file(s) of truncated or aborted "
+                     "ranges before it joins", topic, p, r, len(doomed))
+            try:
+                storage.delete_many(f"{d}/{n}" for n in doomed)
+            except KafkaLogError as exc:
+                result.failures[f"{tp_key(topic, p)} {r}"] = f"truncating: {exc}"
+                return False
+            result.truncated_files += len(doomed)
+        return True
+
     def _write_derived(self, state, progress: Dict[str, Dict[str, List[List[int]]]]) -> None:
         """Each follower's ``leader-epoch-checkpoint`` for what it holds (§8), so Kafka reading
         that replica sees a consistent prefix of the leader's log."""
@@ -254,9 +370,10 @@ class Replicator:
             if ps is None or ps.replication is None:
                 continue
             topic, p = key.rsplit(":", 1)
-            replicas = state.topics[topic]["replicas"][int(p)]
             for r in by_dir:
-                end = min(ps.high_watermark, replica_end(ps, r, replicas[0]))
+                if r == ps.replication["leader"]:
+                    continue
+                end = min(ps.high_watermark, replica_end(ps, r))
                 entries = []
                 for s, _e, epoch in ps.visible_ranges():
                     if s < end and (not entries or epoch > entries[-1][0]):
@@ -285,6 +402,22 @@ def _segment_span(committed: List[list], base: int, nxt: Optional[int],
             return (lo, hi) if lo < hi else None
         if s > base:
             break
+    return None
+
+
+def _open_acks_all(state, key: str) -> List[list]:
+    """``[start, end)`` of the partition's open acks=all reservations, lowest first."""
+    ps = state.partitions.get(key)
+    if ps is None or not ps.open:
+        return []
+    return sorted([r[0], r[1]] for txn, r in ps.open.items()
+                  if state.txns.get(txn, {}).get("acks") == "all")
+
+
+def _open_span(ranges: List[list], base: int) -> Optional[Tuple[int, int]]:
+    for s, e in ranges:
+        if s <= base < e:
+            return base, e
     return None
 
 

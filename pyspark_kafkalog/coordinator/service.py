@@ -38,7 +38,8 @@ from ..errors import (CoordinatorLeaseHeldError, FencedCoordinatorError, Invalid
                       KafkaLogError)
 from .auth import resolve_token
 from .metrics import CoordinatorMetrics, metrics_url
-from .replicator import DEFAULT_REPLICA_LAG_TIME_MAX_MS, Replicator
+from .replicator import (DEFAULT_BROKER_SESSION_TIMEOUT_MS, DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+                         Replicator)
 from .rpc import RpcServer
 from .scheduler import KINDS, MaintenanceScheduler, SchedulerConfig
 
@@ -113,7 +114,8 @@ class Coordinator:
                  maintenance_config: Union[SchedulerConfig, Mapping[str, object], None] = None,
                  replication: bool = True,
                  replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
-                 replica_fetch_wait_max_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MAX_MS):
+                 replica_fetch_wait_max_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MAX_MS,
+                 broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS):
         """``maintenance``: run the scheduled maintenance (default); ``maintenance_config``: its
         settings, a ``SchedulerConfig`` or properties (default: Kafka's intervals).
         ``replication``: copy to followers and keep the ISR (docs/protocol.md §1.3), enabling
@@ -129,7 +131,8 @@ class Coordinator:
         if tick_interval_ms < 1:
             raise InvalidConfigError(f"tick_interval_ms must be >= 1, got {tick_interval_ms}")
         for name, value in (("replica.lag.time.max.ms", replica_lag_time_max_ms),
-                            ("replica.fetch.wait.max.ms", replica_fetch_wait_max_ms)):
+                            ("replica.fetch.wait.max.ms", replica_fetch_wait_max_ms),
+                            ("broker.session.timeout.ms", broker_session_timeout_ms)):
             if not isinstance(value, int) or value < 1:
                 raise InvalidConfigError(f"{name} must be an integer >= 1, got {value!r}")
         self.cluster = cluster
@@ -154,7 +157,8 @@ class Coordinator:
         self.replicator: Optional[Replicator] = None
         if replication:
             self.replicator = Replicator(cluster, lambda: self.epoch if self._may_act() else None,
-                                         replica_lag_time_max_ms=replica_lag_time_max_ms)
+                                         replica_lag_time_max_ms=replica_lag_time_max_ms,
+                                         broker_session_timeout_ms=broker_session_timeout_ms)
         self.replica_fetch_wait_max_ms = replica_fetch_wait_max_ms
         self.metrics = CoordinatorMetrics()
         self.metrics.watch_replication(lambda: replication_summary(cluster.state()))

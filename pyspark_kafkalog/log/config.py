@@ -26,6 +26,7 @@ _KEYS = {
     "cleanup.policy": ("cleanup_policy", None, None),
     "min.insync.replicas": ("min_insync_replicas", int, 1),
     "file.delete.delay.ms": ("file_delete_delay_ms", int, 0),
+    "unclean.leader.election.enable": ("unclean_leader_election_enable", None, None),
 }
 
 # Kafka's message.format.version values (KIP-31/32) -> the magic they write.
@@ -66,6 +67,11 @@ class LogConfig:
     cleanup_policy: str = "delete"
     min_insync_replicas: int = 1
     file_delete_delay_ms: int = 60000
+    unclean_leader_election_enable: str = "false"
+
+    @property
+    def unclean_leader_election(self) -> bool:
+        return self.unclean_leader_election_enable == "true"
 
     @property
     def magic(self) -> int:
@@ -98,6 +104,10 @@ class LogConfig:
             if name == "cleanup.policy" and value not in ("delete", "compact", "compact,delete",
                                                            "delete,compact"):
                 raise InvalidConfigError(f"invalid value {raw!r} for cleanup.policy")
+            if name == "unclean.leader.election.enable":
+                if value.strip().lower() not in ("true", "false"):   # Kafka's BOOLEAN
+                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: true or false")
+                value = value.strip().lower()
             values[attr] = value
         return cls(**values)
 

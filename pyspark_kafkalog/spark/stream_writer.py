@@ -91,7 +91,8 @@ class KafkaLogStreamWriter(DataSourceStreamArrowWriter):
         if not pending:
             return      # nothing written: nothing to commit (stale reservations wait for the next)
         m = self._batch_of(messages, batchId)
-        commit_stream_batch(sink_cluster(self.options), pending, m.producer, m.query, batchId)
+        commit_stream_batch(sink_cluster(self.options), pending, m.producer, m.query, batchId,
+                            self.options.request_timeout_ms)
 
     def abort(self, messages, batchId: int) -> None:
         m = self._batch_of(messages, batchId)

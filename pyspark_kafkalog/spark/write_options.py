@@ -33,6 +33,14 @@ option                           default                    meaning
 ``transaction.timeout.ms``       900000 (15 min)            how long a task's reserved offsets may
                                                             stay uncommitted: from the first task's
                                                             reservation to the job's commit (below)
+``acks`` (or ``kafka.acks``)     all                        ``all`` (or ``-1``): the job commits once
+                                                            the ISR of every replicated partition
+                                                            holds its data; ``1``: at the leader
+                                                            (docs/protocol.md §1.3); ``0`` is an
+                                                            error
+``request.timeout.ms`` (or       30000                      how long the job's commit waits for the
+``kafka.request.timeout.ms``)                               ISR (acks=all), then fails (nothing of
+                                                            it becomes visible)
 ``kafkalog.principal``           ``$KAFKALOG_PRINCIPAL``    who writes, for ACLs
 ``kafkalog.snapshot.interval``   50                         metadata snapshot interval
 ``storage.<name>``               —                          storage backend options (S3 endpoint,
@@ -51,8 +59,8 @@ option                           default                    meaning
                                                             ``key/value.serializer`` and
                                                             ``interceptor.classes`` as in Spark
 other ``kafka.*`` producer       no-op                      delivery tuning of a broker connection
-configs                                                     that does not exist (``acks``,
-                                                            ``linger.ms``, ``retries``,
+configs                                                     that does not exist (``linger.ms``,
+                                                            ``retries``,
                                                             ``enable.idempotence``, ``ssl.*``,
                                                             ``sasl.*``, …); a name that is not a
                                                             producer config is an error
@@ -79,6 +87,7 @@ from typing import Dict, Mapping, Optional
 from ..errors import InvalidConfigError
 from ..format import codecs
 from ..format.checkpoint import validate_topic_name
+from ..cluster.acks import parse_acks
 from ..log.config import LogConfig, magic_for_format_version
 
 DEFAULT_BATCH_SIZE = 512 * 1024
@@ -93,7 +102,8 @@ _NAMES = ("path", "topic", "compression.type", "compression.gzip.level",
           "compression.lz4.level", "compression.zstd.level", "message.format.version",
           "batch.size", "batch.records", "buffer.memory", "createTopic", "topic.partitions",
           "topic.replication.factor", "transaction.timeout.ms", "kafkalog.principal",
-          "kafkalog.snapshot.interval")
+          "kafkalog.snapshot.interval", "acks", "request.timeout.ms", "kafka.acks",
+          "kafka.request.timeout.ms")
 _KNOWN = {name.lower() for name in _NAMES}
 _DISPLAY = {name.lower(): name for name in _NAMES}
 _LEVELS = {codecs.GZIP: "compression.gzip.level", codecs.LZ4: "compression.lz4.level",
@@ -137,13 +147,13 @@ _KAFKA_REJECTED = {
 # Kafka producer configs (ProducerConfig, CommonClientConfigs) that tune delivery to a broker:
 # accepted under kafka.* and ignored (a job's commit is durable and exactly-once by itself)
 _KAFKA_NO_OPS = frozenset("""
-acks auto.include.jmx.reporter client.dns.lookup client.id connections.max.idle.ms
+auto.include.jmx.reporter client.dns.lookup client.id connections.max.idle.ms
 delivery.timeout.ms enable.idempotence enable.metrics.push linger.ms max.block.ms
 max.in.flight.requests.per.connection metadata.max.age.ms metadata.max.idle.ms
 metadata.recovery.strategy metric.reporters metrics.num.samples metrics.recording.level
 metrics.sample.window.ms partitioner.adaptive.partitioning.enable
 partitioner.availability.timeout.ms receive.buffer.bytes reconnect.backoff.max.ms
-reconnect.backoff.ms request.timeout.ms retries retry.backoff.max.ms retry.backoff.ms
+reconnect.backoff.ms retries retry.backoff.max.ms retry.backoff.ms
 security.protocol security.providers send.buffer.bytes socket.connection.setup.timeout.max.ms
 socket.connection.setup.timeout.ms
 """.split())
@@ -193,6 +203,8 @@ class WriteOptions:
     principal: Optional[str] = None
     snapshot_interval: Optional[int] = None
     storage_options: Dict[str, str] = field(default_factory=dict)
+    acks: str = "all"
+    request_timeout_ms: int = 30_000
 
     @classmethod
     def parse(cls, options: Mapping[str, str], validate: bool = True,
@@ -256,7 +268,10 @@ class WriteOptions:
                    principal=opts.get("kafkalog.principal"),
                    snapshot_interval=(_int(opts, "kafkalog.snapshot.interval", 50)
                                       if "kafkalog.snapshot.interval" in opts else None),
-                   storage_options=storage)
+                   storage_options=storage,
+                   acks=parse_acks(opts.get("acks", opts.get("kafka.acks"))),
+                   request_timeout_ms=_int(opts, "request.timeout.ms",
+                                           _int(opts, "kafka.request.timeout.ms", 30_000)))
 
     def cluster_kwargs(self) -> dict:
         """Keyword arguments of ``Cluster(path, ...)`` for this write."""

@@ -143,7 +143,8 @@ class KafkaLogWriter(DataSourceArrowWriter):
         return write_task(self.options, self.producer, iterator)
 
     def commit(self, messages) -> None:
-        commit_job(self._cluster(), pending_writes(messages), self.producer)
+        commit_job(self._cluster(), pending_writes(messages), self.producer,
+                   self.options.request_timeout_ms)
 
     def abort(self, messages) -> None:
         abort_job(self._cluster(), pending_writes(messages), self.producer)
