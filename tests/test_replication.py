@@ -354,3 +354,18 @@ def test_unclean_election_only_when_the_topic_allows_it(tmp_path):
     assert seen(admin) == [b"v0", b"v1", b"v2"]
     produce(admin, 1, 5)                                 # the new leader takes writes
     assert seen(admin) == [b"v0", b"v1", b"v2", b"v5"]
+
+
+def test_retention_and_delete_records_reach_the_followers(tmp_path):
+    admin, rep, clock = setup(tmp_path, partitions=1)
+    for i in range(4):                                   # four units: four segments
+        produce(admin, 2, 2 * i)
+    in_sync(admin, rep)
+    follower = tmp_path / "second" / "t-0"
+    assert len(list(follower.glob("*.log"))) == 4
+    admin.delete_records_before({("t", 0): 5})
+    names = sorted(p.name for p in follower.glob("*.log"))
+    assert names == ["00000000000000000004.log", "00000000000000000006.log"]
+    assert names == sorted(p.name for p in (tmp_path / "root" / "logdir-0" / "t-0").glob("*.log"))
+    r = rep_state(admin)
+    assert r["held"] == {"logdir-1": [[5, 8]]} and r["high_watermark"] == 8

@@ -20,6 +20,7 @@ from ..log.segment import LogSegment
 from . import actions as A
 from .checkpoints import sync_checkpoints
 from .garbage import SEGMENT_SUFFIXES, is_deleted_topic_dir, is_garbage_segment
+from .isr import leader_of
 from .state import ClusterState, split_key, tp_key
 
 TopicPartition = Tuple[str, int]
@@ -117,19 +118,32 @@ def _delete_step(cluster, state: ClusterState, items: List[TopicPartition],
                 LogSegment(cluster.storage, d, base).delete()
                 deleted.add(base)
         deleted.update(delete_below_log_start(cluster, state, topic, partition))
+        for follower in _followers(state, topic, partition):
+            try:   # a follower's root may be away: cleanup deletes there later (§7)
+                delete_below_log_start(cluster, state, topic, partition, follower)
+            except KafkaLogError:
+                pass
         out.append(((topic, partition), sorted(deleted)))
     return out
 
 
-def _segments(cluster, state: ClusterState, topic: str, partition: int) -> List[LogSegment]:
-    return cluster.partition_view(topic, partition, state).log.segments
+def _followers(state: ClusterState, topic: str, partition: int) -> List[str]:
+    replicas = state.topics[topic]["replicas"][partition]
+    return [d for d in replicas if d != leader_of(state.partition(topic, partition), replicas)]
 
 
-def delete_below_log_start(cluster, state: ClusterState, topic: str, partition: int) -> List[int]:
+def _segments(cluster, state: ClusterState, topic: str, partition: int,
+              logdir: Optional[str] = None) -> List[LogSegment]:
+    return cluster.partition_view(topic, partition, state, logdir=logdir).log.segments
+
+
+def delete_below_log_start(cluster, state: ClusterState, topic: str, partition: int,
+                           logdir: Optional[str] = None) -> List[int]:
     """Kafka's rule over the visible segments: a segment goes when the next one's base offset
-    is <= the log start offset; the newest one never goes this way."""
+    is <= the log start offset; the newest one never goes this way. ``logdir``: in that
+    replica's directory (default: the leader's)."""
     ps = state.partition(topic, partition)
-    segs = _segments(cluster, state, topic, partition)
+    segs = _segments(cluster, state, topic, partition, logdir)
     deleted = []
     for seg, nxt in zip(segs, segs[1:]):
         if nxt.base_offset <= ps.log_start_offset:
@@ -139,7 +153,7 @@ def delete_below_log_start(cluster, state: ClusterState, topic: str, partition: 
             break
     # segments no longer visible at all (their committed range now lies wholly below the log
     # start offset) go too; nothing at or above the log start offset is touched
-    d = cluster.partition_dir(topic, partition, state=state)
+    d = cluster.partition_dir(topic, partition, logdir, state=state)
     visible = {s.base_offset for s in segs}
     for info in cluster.storage.list(d):
         m = _SEGMENT_FILE.match(info.name)
@@ -391,6 +405,7 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
                     cluster.storage.delete(f"{path}/{base:020d}{suffix}")
                 removed["segments"].append(f"{path}/{base:020d}")
             removed["segments"] += [f"{path}/{b:020d}" for b in
-                                    delete_below_log_start(cluster, state, topic, p)]
+                                    delete_below_log_start(cluster, state, topic, p,
+                                                           path.partition("/")[0])]
     sync_checkpoints(cluster, state, cluster.partitions(state), log_dir_files=True)
     return removed
