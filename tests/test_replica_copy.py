@@ -281,6 +281,28 @@ def test_s3_to_s3_is_server_side_and_checked(s3, tmp_path):
     assert not dst2.exists(f"{TOPIC}/{LOG}") and _no_temp_files(dst2)
 
 
+def test_s3_to_s3_with_known_end_passes_no_data_through_this_process(s3, monkeypatch):
+    """Beyond Kafka: between two S3 log dirs the store copies, and equal store checksums (the
+    MD5 ETag of a single-part object) prove the copy; not one byte of the .log is read here."""
+    src, dst = s3(), s3()
+    data = _segment(50)
+    _write_src(src, data)
+    reads = []
+    for st in (src, dst):
+        for name in ("read", "read_into", "map"):
+            real = getattr(st, name)
+            monkeypatch.setattr(st, name, lambda path, *a, _real=real, **k:
+                                (reads.append(path), _real(path, *a, **k))[1])
+    got = copy_segment(src, TOPIC, dst, TOPIC, 0, end_offset=200)
+    assert got == SegmentCopy(0, 200, len(data), "server_side")
+    assert not [p for p in reads if p.endswith(".log")]
+    assert src.checksum(f"{TOPIC}/{LOG}") == dst.checksum(f"{TOPIC}/{LOG}") is not None
+    assert copy_segment(src, TOPIC, dst, TOPIC, 0, end_offset=200).mode == "existing"
+    assert not [p for p in reads if p.endswith(".log")]
+    monkeypatch.undo()
+    assert dst.read(f"{TOPIC}/{LOG}") == data
+
+
 def test_mounted_log_dirs_copy_server_side(tmp_path, s3):
     a, b = s3(), s3()
     root = MountedStorage(LocalStorage(str(tmp_path / "root"), fsync=False),

@@ -20,7 +20,7 @@ from ..format.batch import (LENGTH_OFFSET, LOG_OVERHEAD, MAGIC_V2, scan_entries,
 from ..format.checkpoint import parse_partition_metadata
 from ..log.partition import PARTITION_METADATA_FILE
 from ..log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, segment_name
-from ..storage.base import Storage, temp_name_for
+from ..storage.base import Storage
 
 _log = logging.getLogger(__name__)
 _LENGTH = struct.Struct(">i").unpack_from
@@ -130,38 +130,47 @@ def _join(dir_path: str, name: str) -> str:
     return f"{dir_path.rstrip('/')}/{name}" if dir_path else name
 
 
+class _Verified:
+    """What a copy the store made and verified by checksum stands for, without a walk: the
+    source's size and the end offset the metadata gave."""
+
+    def __init__(self, size: int, end_offset: int):
+        self.pos, self.next = size, end_offset
+
+
 def _publish(src: Storage, sp: str, dst: Storage, dp: str, size: int, chunk_bytes: int,
-             new_check: Callable, replace: bool) -> tuple:
+             new_check: Callable, replace: bool, end_offset: Optional[int] = None) -> tuple:
     """Publish ``sp``'s bytes at ``dp``, checked; returns (mode, the finished check).
 
-    Server-side where the storages can: the copy goes to a temp name first and is read back
-    and checked there (the data passes this process once, not twice), because a copy made
-    straight to ``dp`` would be visible before it was checked.
+    Server-side where the storages can (two log dirs on one S3 endpoint): the store copies
+    straight to ``dp``, and when both objects carry a comparable checksum the store kept
+    (``Storage.checksum``: a full CRC-32C, or a single-part upload's MD5 ETag) and ``end_offset``
+    is known, equal checksums prove the copy and no byte passes through this process. The
+    source's batches were checked when they were written or streamed into the store, whose
+    checksums keep them. Without comparable checksums the copy is read back once and
+    batch-checked. A copy that fails is deleted; until an action names it nobody reads it.
     """
-    directory, _, name = dp.rpartition("/")
-    tmp = _join(directory, temp_name_for(name))
-    if dst.copy_from(src, sp, tmp):
+    if dst.copy_from(src, sp, dp, replace=replace):
         try:
-            if dst.size(tmp) != size:
-                raise CorruptRecordError(f"{src._where(sp)}: server-side copy {dst._where(tmp)} "
-                                         f"has {dst.size(tmp)} bytes, not {size}", 0)
+            if dst.size(dp) != size:
+                raise CorruptRecordError(f"{src._where(sp)}: server-side copy {dst._where(dp)} "
+                                         f"has {dst.size(dp)} bytes, not {size}", 0)
+            mine = src.checksum(sp)
+            if end_offset is not None and mine is not None and mine == dst.checksum(dp):
+                return "server_side", _Verified(size, end_offset)
             check = new_check(size)
-            for _ in _chunks(dst, tmp, size, chunk_bytes, check):
+            for _ in _chunks(dst, dp, size, chunk_bytes, check):
                 pass
-            if not dst.copy_from(dst, tmp, dp, replace=replace):
-                dst.publish_stream(dp, _chunks(dst, tmp, size, chunk_bytes, _NoCheck()),
-                                   replace=replace)
-        finally:
-            dst.delete(tmp, missing_ok=True)
-        mode = "server_side"
-    else:
-        check = new_check(size)
-        dst.publish_stream(dp, _chunks(src, sp, size, chunk_bytes, check), replace=replace)
-        mode = "streamed"
+        except BaseException:
+            dst.delete(dp, missing_ok=True)
+            raise
+        return "server_side", check
+    check = new_check(size)
+    dst.publish_stream(dp, _chunks(src, sp, size, chunk_bytes, check), replace=replace)
     if dst.size(dp) != size:
         raise KafkaStorageError(f"copy {src._where(sp)} -> {dst._where(dp)}: published "
                                 f"{dst.size(dp)} bytes, not {size}")
-    return mode, check
+    return "streamed", check
 
 
 def _same(src: Storage, sp: str, dst: Storage, dp: str, size: int, chunk_bytes: int,
@@ -178,24 +187,28 @@ def _same(src: Storage, sp: str, dst: Storage, dp: str, size: int, chunk_bytes: 
 
 
 def _copy_file(src: Storage, sp: str, dst: Storage, dp: str, chunk_bytes: int,
-               new_check: Callable) -> tuple:
+               new_check: Callable, end_offset: Optional[int] = None) -> tuple:
     size = src.size(sp)
     if not dst.exists(dp):
         try:
-            return _publish(src, sp, dst, dp, size, chunk_bytes, new_check, replace=False)
+            return _publish(src, sp, dst, dp, size, chunk_bytes, new_check, False, end_offset)
         except AlreadyExistsError:
             pass   # another copier won meanwhile: judged like any existing copy
+    mine = src.checksum(sp)
+    if end_offset is not None and mine is not None and dst.size(dp) == size \
+            and mine == dst.checksum(dp):
+        return "existing", _Verified(size, end_offset)
     check = new_check(size)
     if _same(src, sp, dst, dp, size, chunk_bytes, check):
         return "existing", check
     _log.warning("%s differs from the leader's %s (a torn or stale earlier copy?); replacing it",
                  dst._where(dp), src._where(sp))
-    return _publish(src, sp, dst, dp, size, chunk_bytes, new_check, replace=True)
+    return _publish(src, sp, dst, dp, size, chunk_bytes, new_check, True, end_offset)
 
 
 def copy_segment(src: Storage, src_dir: str, dst: Storage, dst_dir: str, base_offset: int, *,
                  end_offset: Optional[int] = None, leader_epoch: Optional[int] = None,
-                 chunk_bytes: int = 8 << 20) -> SegmentCopy:
+                 chunk_bytes: int = 8 << 20, trust_end_offset: bool = True) -> SegmentCopy:
     """Copy segment ``base_offset`` from ``src_dir`` on ``src`` to ``dst_dir`` on ``dst``.
 
     The indexes (those the source has) go first and the ``.log`` last, so a follower never has a
@@ -204,7 +217,9 @@ def copy_segment(src: Storage, src_dir: str, dst: Storage, dst_dir: str, base_of
     :class:`CorruptRecordError` naming the source file and position, and the ``.log`` is not
     published (its indexes may be: without a ``.log`` they are garbage, not a segment).
     Pass the per-root storages of the two log dirs (``MountedStorage.mounted``) so that two
-    log dirs on one object store copy server-side.
+    log dirs on one object store copy server-side. ``trust_end_offset``: ``end_offset`` is
+    where the segment's data ends (a committed range), so a copy the store verified by checksum
+    needs no walk to learn it; False for a segment whose range is still being written.
     """
     if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
         raise InvalidConfigError(f"chunk_bytes must be an int >= 1, got {chunk_bytes!r}")
@@ -217,7 +232,8 @@ def copy_segment(src: Storage, src_dir: str, dst: Storage, dst_dir: str, base_of
     where = src._where(sp)
     mode, check = _copy_file(
         src, sp, dst, _join(dst_dir, segment_name(base_offset, LOG_SUFFIX)), chunk_bytes,
-        lambda size: _LogCheck(where, size, base_offset, end_offset, leader_epoch))
+        lambda size: _LogCheck(where, size, base_offset, end_offset, leader_epoch),
+        end_offset if trust_end_offset else None)
     return SegmentCopy(base_offset, check.next, check.pos, mode)
 
 

@@ -258,7 +258,7 @@ class Replicator:
                         copy_partition_metadata(storage, src_dir, storage, dst_dir)
                         metadata_done = True
                     copy = copy_segment(storage, src_dir, storage, dst_dir, base,
-                                        end_offset=span[1])
+                                        end_offset=span[1], trust_end_offset=not is_open)
                     # an open range's later segments may still be on their way: only what
                     # this file holds counts
                     copied.append([span[0], copy.end_offset] if is_open else list(span))

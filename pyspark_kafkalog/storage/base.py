@@ -14,7 +14,7 @@ import contextlib
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, NamedTuple
+from typing import Iterable, Iterator, Mapping, NamedTuple, Optional
 
 from ..errors import (
     AlreadyExistsError,
@@ -273,6 +273,15 @@ class Storage(abc.ABC):
             spool.discard()
             raise
         spool.publish(path, replace=replace)
+
+    def checksum(self, path: str) -> Optional[str]:
+        """A digest of the whole content that the store computed and keeps (``"crc32c:…"``,
+        ``"md5:…"``), or None where it keeps none comparable (the default). Two objects with
+        the same token hold the same bytes.
+
+        Why: a server-side copy can then be verified against its source without either passing
+        through this process."""
+        return None
 
     def copy_from(self, src: "Storage", src_path: str, dst_path: str, *,
                   replace: bool = False) -> bool:

@@ -131,6 +131,10 @@ class MountedStorage(Storage):
         st, sub = self._route(path)
         return st.exists(sub)
 
+    def checksum(self, path: str) -> Optional[str]:
+        st, sub = self._route(path)
+        return st.checksum(sub)
+
     def list(self, dir_path: str = ""):
         st, sub = self._route(dir_path)
         return st.list(sub)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Optional
 
 from ..errors import AlreadyExistsError, KafkaStorageError, StorageNotFoundError
 from .base import StorageGuarantees, check_range, storage_errors
@@ -146,6 +147,19 @@ class S3Storage(FsspecStorage):
                                      UploadId=upload_id)
                 except Exception:   # the error that got us here matters more
                     pass
+
+    def checksum(self, path: str) -> Optional[str]:
+        """The object's full CRC-32C where it was stored with one, else its ETag where that is
+        the MD5 of the content (a single-part upload; multipart ETags are not, and stores with
+        SSE-KMS give other ETags, which then simply do not match)."""
+        full, where = self._full(path), self._where(path)
+        with storage_errors("stat", where):
+            head = self._fs.call_s3("head_object", Bucket=self._bucket,
+                                    Key=full.split("/", 1)[1], ChecksumMode="ENABLED")
+        if head.get("ChecksumCRC32C") and head.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
+            return f"crc32c:{head['ChecksumCRC32C']}"
+        etag = str(head.get("ETag", "")).strip('"')
+        return f"md5:{etag}" if etag and "-" not in etag else None
 
     def copy_from(self, src, src_path: str, dst_path: str, *, replace: bool = False) -> bool:
         """CopyObject, when ``src`` is S3 at this endpoint and the object fits one CopyObject
