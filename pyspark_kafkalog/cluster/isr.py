@@ -138,9 +138,23 @@ def check_progress(ps: PartitionState, replicas: Sequence[str],
 def apply_progress(ps: PartitionState, ranges: Dict[str, list]) -> None:
     held = dict(ps.replication["held"])
     for log_dir, rs in ranges.items():
-        held[log_dir] = merge_ranges(held.get(log_dir, []) + [list(r) for r in rs])
+        held[log_dir] = _bridge_gaps(ps, merge_ranges(held.get(log_dir, []) + [list(r) for r in rs]))
     ps.replication = dict(ps.replication, held=held)
     clip_held(ps)
+
+
+def _bridge_gaps(ps: PartitionState, held: List[list]) -> List[list]:
+    """Join held ranges separated only by aborted offsets (aborted and truncated ranges are
+    gaps for good: they need no bytes and are never reserved again), so that a caught-up
+    replica holds one range however many writes were aborted. Never across an open
+    reservation: it may still commit."""
+    out: List[list] = []
+    for r in held:
+        if out and holds(ps.aborted, out[-1][1], r[0]):
+            out[-1][1] = r[1]
+        else:
+            out.append(list(r))
+    return out
 
 
 def check_isr_change(ps: PartitionState, replicas: Sequence[str], partition_epoch: int,
