@@ -765,6 +765,23 @@ def run_streaming(args):
     return result, 0
 
 
+# -- replication (jobs/bench_replication.py) -------------------------------------------------------
+
+def _replication_arguments(p):
+    import bench_replication
+    bench_replication.add_arguments(p)
+
+
+@section("replication", "replication: follower catch-up against copyfile+fsync, server-side "
+                        "vs streamed copies (--s3), produce latency RF=1 vs RF=2 acks=all/1",
+         _replication_arguments)
+def run_replication(args):
+    import bench_replication
+    result = bench_replication.run(args)
+    print(bench_replication.render(result))
+    return result, 0
+
+
 # -- entry point ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:

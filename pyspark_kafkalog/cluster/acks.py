@@ -20,7 +20,9 @@ from .lease import current_lease
 DEFAULT_ACKS = "all"
 #: Kafka's producer default
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
-RETRY_BACKOFF_MS, RETRY_BACKOFF_MAX_MS = 100, 1_000
+#: the wait polls the log from this often, backing off to the max: a copy usually lands within a
+#: replication pass (replica.fetch.wait.max.ms, 500), and a poll of a local log costs little
+POLL_MS, POLL_MAX_MS = 10, 1_000
 
 
 def parse_acks(value) -> str:
@@ -70,7 +72,7 @@ def wait_for_replicas(cluster, txns: Iterable[str],
     txns = list(txns)
     timeout_ms = DEFAULT_REQUEST_TIMEOUT_MS if timeout_ms is None else timeout_ms
     deadline = time.monotonic() + timeout_ms / 1000
-    backoff = RETRY_BACKOFF_MS / 1000
+    backoff = POLL_MS / 1000
     while True:
         state = cluster.state()
         found = problems(state, txns)
@@ -91,4 +93,4 @@ def wait_for_replicas(cluster, txns: Iterable[str],
                    "followers (start one: kafkalog --cluster URL coordinator)")
                 + "; the write was aborted, nothing of it is visible")
         time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-        backoff = min(backoff * 2, RETRY_BACKOFF_MAX_MS / 1000)
+        backoff = min(backoff * 2, POLL_MAX_MS / 1000)
