@@ -134,3 +134,19 @@ def test_streaming_planning_runs_on_a_small_topic(tmp_path):
     assert set(plan["latest_offset_split_median_ms"]) >= {"metadata_poll", "session_fetch",
                                                           "offset_json", "rest"}
     assert not list(tmp_path.glob("kl-stream-bench-*")), "the benchmark's clusters were left"
+
+
+def test_replication_section_runs_on_a_tiny_workload(tmp_path):
+    """``replication`` end to end on two 1 MiB segments: the catch-up copies them all (the pass
+    asserts its own segment count), the three latency cases run, and nothing is left behind."""
+    out = tmp_path / "repl.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "replication", "--segments", "2", "--segment-mb", "1",
+         "--repeat", "1", "--units", "5", "--dir", str(tmp_path / "w"), "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=str(SCRIPT.parents[1]))
+    assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout}\n{proc.stderr}"
+    res = json.loads(out.read_text())
+    assert res["catch_up"]["segments"] == 2 and _positive(res["catch_up"]["ratio"])
+    assert set(res["latency"]) == {"rf1", "rf2_acks_all", "rf2_acks_1"}
+    assert res["latency"]["rf2_acks_all"]["entries_per_unit"] >= 3   # reserve, progress, commit
+    assert "catch-up of 2 segments" in proc.stdout
