@@ -369,3 +369,31 @@ def test_retention_and_delete_records_reach_the_followers(tmp_path):
     assert names == sorted(p.name for p in (tmp_path / "root" / "logdir-0" / "t-0").glob("*.log"))
     r = rep_state(admin)
     assert r["held"] == {"logdir-1": [[5, 8]]} and r["high_watermark"] == 8
+
+
+def test_copies_made_after_the_root_moved_away_are_not_recorded(tmp_path, monkeypatch):
+    """The root is renamed away right after the pass probed it: the copies land in a directory
+    created again at its path, not on the root. The pass must not record them, or the follower
+    would join the ISR holding nothing (found by tests/test_replication_crash.py)."""
+    from pyspark_kafkalog.coordinator import replicator as R
+    admin, rep, clock = setup(tmp_path, partitions=1)
+    produce(admin, 5)
+    second, away = tmp_path / "second", tmp_path / "away"
+    probe = R.Replicator._probe
+
+    def probe_then_rename(self, *a):
+        out = probe(self, *a)
+        second.rename(away)
+        return out
+    monkeypatch.setattr(R.Replicator, "_probe", probe_then_rename)
+    result = rep.tick()
+    monkeypatch.setattr(R.Replicator, "_probe", probe)
+    assert result.segments == 1 and not result.progress and result.failures
+    assert rep_state(admin)["held"] == {}
+    shutil.rmtree(second)                                # a remount hides the stray copies
+    away.rename(second)
+    rep.tick()
+    rep.tick()
+    r = rep_state(admin)
+    assert r["isr"] == ["logdir-0", "logdir-1"] and r["held"] == {"logdir-1": [[0, 5]]}
+    assert digests(second / "t-0") == digests(tmp_path / "root" / "logdir-0" / "t-0")

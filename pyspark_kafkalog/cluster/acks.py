@@ -64,6 +64,25 @@ def problems(state, txns: Iterable[str]) -> List[tuple]:
     return out
 
 
+def submit_commit(cluster, actions: list, txns: Iterable[str], timeout_ms: Optional[int] = None):
+    """Append ``actions`` (a commit first, then any others) once the ISR holds ``txns``'
+    acks=all ranges; ``(seq, state, results)`` as ``Cluster.submit``. A commit refused with
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND while the txns are still open means a replica started
+    joining between the wait and the commit (it must hold them too): wait again and commit
+    again, within the same ``timeout_ms``. The other actions are appended once only."""
+    txns = list(txns)
+    timeout_ms = DEFAULT_REQUEST_TIMEOUT_MS if timeout_ms is None else timeout_ms
+    deadline = time.monotonic() + timeout_ms / 1000
+    wait_for_replicas(cluster, txns, timeout_ms)
+    seq, state, results = cluster.submit(actions)
+    first = list(results)
+    while (not results[0].ok and results[0].error == "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
+           and time.monotonic() < deadline):
+        wait_for_replicas(cluster, txns, max(1, int((deadline - time.monotonic()) * 1000)))
+        seq, state, results = cluster.submit(actions[:1])
+    return seq, state, [results[0]] + first[1:]
+
+
 def wait_for_replicas(cluster, txns: Iterable[str],
                       timeout_ms: Optional[int] = None) -> None:
     """Return once every acks=all range of ``txns`` is held by its partition's ISR (and joining

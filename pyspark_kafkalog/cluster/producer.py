@@ -21,7 +21,7 @@ from ..format.records import LOG_APPEND_TIME, Record
 from ..log.segment_spool import SegmentSpool
 from ..log.segment_writer import run_all, write_segments
 from . import actions as A
-from .acks import parse_acks, reserve_acks, wait_for_replicas
+from .acks import parse_acks, reserve_acks, submit_commit
 from .checkpoints import sync_checkpoints, written_ranges
 from .state import split_key, tp_key
 
@@ -201,12 +201,13 @@ class Producer:
         if not pending:
             return
         cluster = self.cluster
+        txns = [p.txn for p in pending]
         try:
-            wait_for_replicas(cluster, [p.txn for p in pending], self.request_timeout_ms)
+            _, state, results = submit_commit(cluster, [A.Commit(txns=txns)], txns,
+                                              self.request_timeout_ms)
         except BaseException:
             self._try_abort(pending)
             raise
-        _, state, results = cluster.submit([A.Commit(txns=[p.txn for p in pending])])
         result = results[0]
         if not result.ok:
             self._try_abort(pending)

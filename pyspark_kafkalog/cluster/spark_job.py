@@ -42,7 +42,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional
 from ..errors import (FencedLeaderEpochError, InvalidConfigError, KafkaLogError,
                       TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_for)
 from . import actions as A
-from .acks import wait_for_replicas
+from .acks import submit_commit, wait_for_replicas
 from .checkpoints import sync_checkpoints, written_ranges
 from .cluster import CLUSTER_FILE, Cluster
 from .features import STREAMING_SINK
@@ -246,11 +246,13 @@ def commit_job(cluster: Cluster, pending: List[PendingWrite], producer: str,
     _mark_decided(cluster, producer, "commit")
     stale = _job_txns(cluster.state(), producer, txns)
     _decide_commit(cluster, pending, producer,
-                   A.Commit(txns=txns, spark_job=producer) if txns else None, stale)
+                   A.Commit(txns=txns, spark_job=producer) if txns else None, stale,
+                   request_timeout_ms)
 
 
 def _decide_commit(cluster: Cluster, pending: List[PendingWrite], producer: str,
-                   commit: Optional[A.Action], stale: Dict[str, dict]) -> bool:
+                   commit: Optional[A.Action], stale: Dict[str, dict],
+                   request_timeout_ms: Optional[int] = None) -> bool:
     """Append ``commit`` (None: nothing to commit) and the abort of ``stale`` as ONE entry,
     after the decision marker exists. False when the log refused the commit as a replay of a
     committed micro-batch (its writes are then aborted); any other refusal raises."""
@@ -262,7 +264,16 @@ def _decide_commit(cluster: Cluster, pending: List[PendingWrite], producer: str,
         _sweep_late(cluster, producer, ())
         return True
     txns = list(commit.txns) if commit is not None else []
-    _, new_state, results = cluster.submit(actions)
+    if commit is not None:   # acks=all: the ISR may have grown since the wait (§1.3)
+        try:
+            _, new_state, results = submit_commit(cluster, actions, txns, request_timeout_ms)
+        except KafkaLogError:   # the ISR could not hold it in time: nothing of it may show
+            abort_writes(cluster, pending, producer, "spark job commit: the ISR did not hold "
+                         "it (acks=all)", stale)
+            _sweep_late(cluster, producer, txns + sorted(stale))
+            raise
+    else:
+        _, new_state, results = cluster.submit(actions)
     aborted = set(getattr(results[-1], "aborted", None) or []) if stale else set()
     stale_gone = {t: i for t, i in stale.items() if t in aborted}
     if commit is not None and not results[0].ok:
@@ -340,7 +351,7 @@ def commit_stream_batch(cluster: Cluster, pending: List[PendingWrite], producer:
     stale = _stream_txns(cluster.state(), sink, batch, txns)
     committed = _decide_commit(cluster, pending, producer,
                                A.StreamCommit(txns=txns, sink=sink, batch=int(batch),
-                                              spark_job=producer), stale)
+                                              spark_job=producer), stale, request_timeout_ms)
     if not committed:
         log.info("batch %d of query %s was committed before (replayed after a restart); its "
                  "rewrite is discarded", batch, sink)

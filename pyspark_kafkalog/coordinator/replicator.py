@@ -26,7 +26,8 @@ from ..errors import FencedCoordinatorError, KafkaLogError
 from ..format import checkpoint as ckpt
 from ..log.logdir import META_PROPERTIES
 from ..log.partition import LEADER_EPOCH_FILE
-from ..log.segment import LOG_SUFFIX
+from ..format.checkpoint import parse_meta_properties
+from ..log.segment import LOG_SUFFIX, segment_name
 from .copier import copy_partition_metadata, copy_segment
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class PassResult:
     isr_changes: Dict[str, dict] = field(default_factory=dict)
     failures: Dict[str, str] = field(default_factory=dict)   # "tp log dir" -> why
     elections: Dict[str, int] = field(default_factory=dict)  # kind -> partitions
+    #: (tp key, log dir) -> [(segment base, .log bytes)] copied in this pass
+    copied: Dict[Tuple[str, str], List[Tuple[int, int]]] = field(default_factory=dict)
     truncated_files: int = 0
 
     @property
@@ -130,6 +133,8 @@ class Replicator:
                     self._copy_partition(state, topic, p, leader, behind, urgent, result)
         after = state
         if result.progress:
+            self._confirm(state, result)
+        if result.progress:
             after = self._submit(A.ReplicaProgress(coordinator_epoch=epoch, topic_ids=topic_ids,
                                                    partitions=result.progress), result)
             self._write_derived(after, result.progress)
@@ -154,11 +159,7 @@ class Replicator:
         dirs = {r for info in state.topics.values() for reps in info["replicas"] for r in reps}
         down = set()
         for r in sorted(dirs):
-            try:
-                ok = self.cluster.storage.exists(f"{r}/{META_PROPERTIES}")
-            except (KafkaLogError, OSError):
-                ok = False
-            if ok:
+            if self._identity_ok(state, r):
                 self._failing_since.pop(r, None)
             else:
                 since = self._failing_since.setdefault(r, now)
@@ -173,6 +174,47 @@ class Replicator:
             log.info("replication: log dir %s is online again", r)
         # unreadable followers are skipped for copying at once; leaders only once offline
         return down
+
+    def _identity_ok(self, state, log_dir: str) -> bool:
+        """The log dir's root is there and is the one registered: its ``meta.properties``
+        reads, and names the registered ``directory.id`` (docs/protocol.md §1.1)."""
+        try:
+            props = parse_meta_properties(
+                self.cluster.storage.read(f"{log_dir}/{META_PROPERTIES}").decode("latin-1"))
+        except (KafkaLogError, OSError, ValueError):
+            return False
+        info = state.log_dirs.get(log_dir)
+        return info is None or props.get("directory.id") == info["directory_id"]
+
+    def _confirm(self, state, result: PassResult) -> None:
+        """Before a progress entry names copies, make sure they are on the follower's root:
+        a root renamed away or unmounted after the probe still takes writes (a local path
+        is created again), and those files are not where the log dir is. So: the log dir's
+        identity again, then every copied ``.log`` listed with its size. A root that moves
+        after this check moves with the copies on it."""
+        storage = self.cluster.storage
+        for r in sorted({r for by in result.progress.values() for r in by}):
+            if self._identity_ok(state, r):
+                continue
+            for key in list(result.progress):
+                if result.progress[key].pop(r, None) is not None:
+                    result.failures[f"{key} {r}"] = f"log dir {r} changed during the copy"
+        for key, by in list(result.progress.items()):
+            topic, p = key.rsplit(":", 1)
+            for r in list(by):
+                d = self.cluster.partition_dir(topic, int(p), r, state)
+                try:
+                    sizes = {f.name: f.size for f in storage.list(d)}
+                except KafkaLogError:
+                    sizes = {}
+                missing = [b for b, n in result.copied.get((key, r), ())
+                           if sizes.get(segment_name(b, LOG_SUFFIX)) != n]
+                if missing:
+                    del by[r]
+                    result.failures[f"{key} {r}"] = (f"copies not found on {r} after the copy "
+                                                     f"(segment {missing[0]})")
+            if not by:
+                del result.progress[key]
 
     @property
     def offline_log_dirs(self) -> set:
@@ -262,6 +304,7 @@ class Replicator:
                     # an open range's later segments may still be on their way: only what
                     # this file holds counts
                     copied.append([span[0], copy.end_offset] if is_open else list(span))
+                    result.copied.setdefault((key, r), []).append((base, copy.bytes))
                     result.segments += 1
                     result.bytes += copy.bytes
                     result.by_mode[copy.mode] = result.by_mode.get(copy.mode, 0) + 1
