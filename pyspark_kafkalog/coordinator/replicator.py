@@ -24,7 +24,9 @@ from ..cluster.isr import replica_end
 from ..cluster.partition_state import tp_key
 from ..errors import FencedCoordinatorError, KafkaLogError
 from ..format import checkpoint as ckpt
-from ..log.logdir import META_PROPERTIES
+from ..cluster.checkpoints import sync_checkpoints
+from ..log.logdir import (LOG_START_CHECKPOINT, META_PROPERTIES, RECOVERY_POINT_CHECKPOINT,
+                          REPLICATION_CHECKPOINT, LogDir)
 from ..log.partition import LEADER_EPOCH_FILE
 from ..format.checkpoint import parse_meta_properties
 from ..log.segment import LOG_SUFFIX, segment_name
@@ -76,6 +78,8 @@ class Replicator:
         self._failing_since: Dict[str, int] = {}   # log dir -> first failed probe, ms
         self._offline: set = set()
         self._stuck: set = set()                   # partitions without an eligible leader
+        #: (tp key, log dir) -> what its derived files last said (end, log start, epochs)
+        self._written: Dict[Tuple[str, str], tuple] = {}
         self.enable = enable
         self.clock_ms = clock_ms or cluster.now_ms
         self._caught_up: Dict[Tuple[str, str], int] = {}   # (tp key, log dir) -> ms
@@ -137,7 +141,6 @@ class Replicator:
         if result.progress:
             after = self._submit(A.ReplicaProgress(coordinator_epoch=epoch, topic_ids=topic_ids,
                                                    partitions=result.progress), result)
-            self._write_derived(after, result.progress)
         for key, lso in lso_seen.items():
             ps = after.partitions.get(key)
             if ps is None or ps.replication is None:
@@ -147,7 +150,8 @@ class Replicator:
                 if r != ps.replication["leader"] and r not in offline \
                         and f"{key} {r}" not in result.failures and replica_end(ps, r) >= lso:
                     self._caught_up[(key, r)] = now
-        self._decide_isr(epoch, after, now, offline, result)
+        after = self._decide_isr(epoch, after, now, offline, result)
+        self._write_derived(after, offline)
         return result
 
     def _probe(self, state, now: int) -> set:
@@ -365,10 +369,11 @@ class Replicator:
                                     "joining": sorted(joining, key=order.get)}
                     topic_ids[topic] = info["topic_id"]
         if changes:
-            self._submit(A.AlterIsr(coordinator_epoch=epoch, topic_ids=topic_ids,
-                                    partitions=changes), result)
+            state = self._submit(A.AlterIsr(coordinator_epoch=epoch, topic_ids=topic_ids,
+                                            partitions=changes), result)
             result.isr_changes = changes
             log.info("replication: ISR changes %s", changes)
+        return state
 
     def _clean_returning(self, state, topic: str, p: int, r: str, result: PassResult) -> bool:
         """Before a replica joins: delete its segments that are not committed data (truncated
@@ -404,29 +409,55 @@ class Replicator:
             result.truncated_files += len(doomed)
         return True
 
-    def _write_derived(self, state, progress: Dict[str, Dict[str, List[List[int]]]]) -> None:
-        """Each follower's ``leader-epoch-checkpoint`` for what it holds (§8), so Kafka reading
-        that replica sees a consistent prefix of the leader's log."""
-        files = {}
-        for key, by_dir in progress.items():
-            ps = state.partitions.get(key)
-            if ps is None or ps.replication is None:
-                continue
-            topic, p = key.rsplit(":", 1)
-            for r in by_dir:
-                if r == ps.replication["leader"]:
+    def _write_derived(self, state, offline: set) -> None:
+        """Kafka's derived files (§8) of every replica whose view changed: the leader's when the
+        high watermark moved (a commit wrote them while the ISR still held it back), and each
+        follower's for what it holds (``leader-epoch-checkpoint`` up to its end, the offset
+        checkpoints at ``min(high watermark, end)``), so Kafka reading any replica's log dir
+        sees a consistent prefix of the leader's log. What was written is remembered, so a
+        quiet pass writes nothing."""
+        epochs: Dict[str, bytes] = {}
+        offsets: Dict[str, Dict[Tuple[str, int], Tuple[int, int]]] = {}
+        leaders: List[Tuple[str, int]] = []
+        for topic, info in state.topics.items():
+            for p, replicas in enumerate(info["replicas"]):
+                key = tp_key(topic, p)
+                ps = state.partitions.get(key)
+                if ps is None or ps.replication is None:
                     continue
-                end = min(ps.high_watermark, replica_end(ps, r))
-                entries = []
-                for s, _e, epoch in ps.visible_ranges():
-                    if s < end and (not entries or epoch > entries[-1][0]):
-                        entries.append((epoch, s))
-                path = f"{self.cluster.partition_dir(topic, int(p), r, state)}/{LEADER_EPOCH_FILE}"
-                files[path] = ckpt.format_leader_epoch_checkpoint(entries).encode()
+                for r in replicas:
+                    if r in offline:
+                        continue
+                    is_leader = r == ps.replication["leader"]
+                    end = ps.high_watermark if is_leader else min(ps.high_watermark,
+                                                                  replica_end(ps, r))
+                    if not is_leader and not ps.replication["held"].get(r):
+                        continue   # nothing copied there yet: no files to describe
+                    entries = tuple((epoch, s) for epoch, s in ps.leader_epoch_entries()
+                                    if s < end)
+                    mark = (end, ps.log_start_offset, entries)
+                    if self._written.get((key, r)) == mark:
+                        continue
+                    self._written[(key, r)] = mark
+                    if is_leader:
+                        leaders.append((topic, p))
+                        continue
+                    path = f"{self.cluster.partition_dir(topic, p, r, state)}/{LEADER_EPOCH_FILE}"
+                    epochs[path] = ckpt.format_leader_epoch_checkpoint(list(entries)).encode()
+                    offsets.setdefault(r, {})[(topic, p)] = (end, ps.log_start_offset)
         try:
-            self.cluster.storage.replace_many(files)
-        except KafkaLogError as exc:   # derived files: the next pass writes them again
-            log.warning("replication: follower checkpoints not written: %s", exc)
+            if leaders:
+                sync_checkpoints(self.cluster, state, leaders)
+            self.cluster.storage.replace_many(epochs)
+            for r, parts in offsets.items():
+                ld = LogDir(self.cluster.storage, r)
+                ends = {tp: e for tp, (e, _) in parts.items()}
+                ld.merge_checkpoint(REPLICATION_CHECKPOINT, ends)
+                ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, ends)
+                ld.merge_checkpoint(LOG_START_CHECKPOINT, {tp: lo for tp, (_, lo) in parts.items()})
+        except KafkaLogError as exc:   # derived files: the next change (or maintenance) redoes
+            self._written.clear()
+            log.warning("replication: derived files not written: %s", exc)
 
 
 def _has_replicated_topic(state) -> bool:
