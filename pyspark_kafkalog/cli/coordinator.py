@@ -33,7 +33,7 @@ def add_parser(sub, parents) -> None:
                     "SIGTERM or SIGINT: release the lease and exit 0. "
                     "--status: the active coordinator's lease and its Status answer. The token: "
                     "--token-file F, else $KAFKALOG_COORDINATOR_TOKEN; there is no "
-                    "unauthenticated mode. See docs/coordinator.md.",
+                    "unauthenticated mode. See docs/operations.md.",
         epilog=OUTPUT_HELP + " The service prints one line when it serves (holder, address, "
                "metrics_url, epoch: empty while it stands by). --status columns: epoch, "
                "holder, address, lease_expires (UTC), active, uptime_s, metrics_url, metrics; "

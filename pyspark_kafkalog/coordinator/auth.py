@@ -10,7 +10,7 @@ token is one ``secrets.token_hex(32)`` away.
 Clients send ``authorization: Bearer <token>`` as gRPC metadata. Tokens are compared with
 ``hmac.compare_digest`` (constant time), and every refusal is logged at WARNING with the peer
 and the method. The token travels in clear text unless the channel is TLS: keep the coordinator
-on a private network (docs/coordinator.md, "Security").
+on a private network (docs/operations.md, "Security").
 """
 from __future__ import annotations
 
