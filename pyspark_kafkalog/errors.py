@@ -337,6 +337,12 @@ class EligibleLeadersNotAvailableError(KafkaLogError):
     error_name = "ELIGIBLE_LEADERS_NOT_AVAILABLE"
 
 
+class ReassignmentInProgressError(KafkaLogError):
+    """A partition already has a reassignment in progress: wait for it (``--verify``)."""
+    error_code = 60
+    error_name = "REASSIGNMENT_IN_PROGRESS"
+
+
 class ElectionNotNeededError(KafkaLogError):
     error_code = 84
     error_name = "ELECTION_NOT_NEEDED"

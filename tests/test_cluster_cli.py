@@ -661,14 +661,17 @@ def test_log_dirs_describe_sizes(kl, url):
     produce(kl, url, keyed(5), "--partition", 2)
     rc, out, _ = kl("--cluster", url, "--json", "log-dirs", "--describe")
     rows = lines(out)
-    assert [list(r) for r in rows] == [["log_dir", "url", "topic", "partition", "size"]] * 3
+    assert [list(r) for r in rows] == [["log_dir", "url", "topic", "partition", "size",
+                                        "offset_lag"]] * 3
+    assert [r["offset_lag"] for r in rows] == [0, 0, 0]               # leaders only
     assert {r["url"] for r in rows} == {os.path.join(os.path.abspath(url), "logdir-0")}
     for r in rows:
         d = Path(url) / r["log_dir"] / f"{r['topic']}-{r['partition']}"
         assert r["size"] == sum(p.stat().st_size for p in d.glob("*.log"))
     assert [r["size"] > 0 for r in rows] == [True, False, True]
     rc, out, _ = kl("--cluster", url, "log-dirs", "--describe")
-    assert out.splitlines()[0].split() == ["LOG-DIR", "URL", "TOPIC", "PARTITION", "SIZE"]
+    assert out.splitlines()[0].split() == ["LOG-DIR", "URL", "TOPIC", "PARTITION", "SIZE",
+                                           "OFFSET-LAG"]
     user_error(*kl("--cluster", url, "log-dirs"), "one of the arguments --describe --add is "
                                                   "required")
 

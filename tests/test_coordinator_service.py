@@ -140,9 +140,10 @@ def test_the_metrics_endpoint_serves_prometheus_text_of_this_coordinator_only(
     assert ("kafkalog_coordinator_maintenance_failures_total",
             frozenset({("kind", "retention")})) not in m
     assert all(now > 1e9 for now in calls)          # seconds since the epoch, like time.time()
-    # only what is measured today: no replication lag yet, nothing from the global registry
+    # only what is measured: the replication lag (no replicated partition: 0), nothing from
+    # the global registry
     names = {name for name, _ in m}
-    assert not any("lag" in n for n in names)
+    assert m[("kafkalog_coordinator_replication_max_lag_offsets", frozenset())] == 0
     assert not any(n.startswith(("python_", "process_")) for n in names)
     # the standby's own registry
     s = metrics_of(other.metrics_url)
@@ -152,23 +153,24 @@ def test_the_metrics_endpoint_serves_prometheus_text_of_this_coordinator_only(
 
 
 def test_the_replication_gauges_count_what_the_metadata_says(tmp_path, coordinators):
-    """Followers are placed but not copied to yet, so every partition with two replicas is
-    under-replicated, and under min.insync.replicas=2; the gauges follow the metadata at each
-    scrape, and the Status answer carries them."""
+    """Without the feature replication (this coordinator does not copy, so it does not turn it
+    on) followers are not copied to, so every partition with two replicas is under-replicated,
+    and under min.insync.replicas=2; the gauges follow the metadata at each scrape, and the
+    Status answer carries them (the real ISR: tests/test_isr_describe.py)."""
     from pyspark_kafkalog.admin import Admin
     admin = Admin(str(tmp_path / "c"))
     admin.create_topic("single", 2)
-    c = coordinators(Cluster(admin.cluster.url, create=False))
+    c = coordinators(Cluster(admin.cluster.url, create=False), replication=False)
     gauges = lambda: {n[len("kafkalog_coordinator_"):]: v
                       for (n, labels), v in metrics_of(c.metrics_url).items()
                       if n.endswith(("partitions", "_partitions_count"))}
     assert gauges() == {"partitions": 2, "under_replicated_partitions": 0,
-                        "under_min_isr_partitions": 0}
+                        "under_min_isr_partitions": 0, "at_min_isr_partitions": 2}
     admin.add_log_dir(str(tmp_path / "second"))
     admin.create_topic("pair", 4, replication_factor=2, configs={"min.insync.replicas": "2"})
     admin.create_topic("loose", 3, replication_factor=2)
     assert gauges() == {"partitions": 9, "under_replicated_partitions": 7,
-                        "under_min_isr_partitions": 4}
+                        "under_min_isr_partitions": 4, "at_min_isr_partitions": 5}
     with CoordinatorClient(c.address, TOKEN) as client:
         assert client.status()["metrics"]["under_replicated_partitions"] == 7
 
@@ -359,9 +361,13 @@ def test_the_example_coordinator_config_is_what_the_service_takes(cluster, tmp_p
     opts = load_coordinator_config(str(CONF / "coordinator.properties"))
     assert opts == {"bind": "127.0.0.1:0", "metrics_port": 0, "lease_ms": 10_000,
                     "on_fenced": "standby", "maintenance": True,
-                    "maintenance_config": SchedulerConfig()}
+                    "maintenance_config": SchedulerConfig(), "replication": True,
+                    "replica_lag_time_max_ms": 30_000, "replica_fetch_wait_max_ms": 500,
+                    "broker_session_timeout_ms": 9_000}
     c = Coordinator(cluster, token=TOKEN, **opts)
     assert (c.bind, c.lease_ms, c.on_fenced) == ("127.0.0.1:0", 10_000, "standby")
+    assert c.replicator.replica_lag_time_max_ms == 30_000
+    assert c.replicator.broker_session_timeout_ms == 9_000
     with pytest.raises(InvalidConfigError, match="coordinator.lease"):
         coordinator_options({"coordinator.lease": "5"})
     with pytest.raises(InvalidConfigError, match="integer"):

@@ -397,3 +397,92 @@ def test_copies_made_after_the_root_moved_away_are_not_recorded(tmp_path, monkey
     r = rep_state(admin)
     assert r["isr"] == ["logdir-0", "logdir-1"] and r["held"] == {"logdir-1": [[0, 5]]}
     assert digests(second / "t-0") == digests(tmp_path / "root" / "logdir-0" / "t-0")
+
+
+# -- reassignment -------------------------------------------------------------------------------
+
+def test_reassignment_moves_a_partition_to_other_log_dirs(tmp_path):
+    from pyspark_kafkalog.cluster import actions as A
+    admin, rep, clock = setup(tmp_path, partitions=1)
+    third = admin.add_log_dir(str(tmp_path / "third"))
+    assert third.log_dir == "logdir-2"
+    produce(admin, 4)
+    in_sync(admin, rep)
+    state = admin.cluster.state()
+    ids = {"t": state.topics["t"]["topic_id"]}
+    # from [logdir-0, logdir-1] to [logdir-2, logdir-1]: the leader moves, logdir-0 goes
+    _, _, res = admin.cluster.submit([A.ReassignPartitions(
+        topic_ids=ids, partitions={"t:0": ["logdir-2", "logdir-1"]})])
+    assert res[0].partitions["t:0"].ok
+    assert admin.cluster.state().topics["t"]["replicas"][0] == ["logdir-0", "logdir-1",
+                                                                  "logdir-2"]
+    _, _, res = admin.cluster.submit([A.ReassignPartitions(
+        topic_ids=ids, partitions={"t:0": ["logdir-0"]})])
+    assert res[0].partitions["t:0"].error == "REASSIGNMENT_IN_PROGRESS"
+    produce(admin, 2, 4)                                 # writes go on meanwhile
+    for _ in range(6):
+        rep.tick()
+    state = admin.cluster.state()
+    ps = state.partition("t", 0)
+    assert state.topics["t"]["replicas"][0] == ["logdir-2", "logdir-1"]
+    assert ps.replication["leader"] == "logdir-2" and "target" not in ps.replication
+    assert sorted(ps.replication["isr"]) == ["logdir-1", "logdir-2"]
+    assert not (tmp_path / "root" / "logdir-0" / "t-0").exists()    # the removed replica
+    assert digests(tmp_path / "third" / "t-0") == digests(tmp_path / "second" / "t-0")
+    assert seen(admin) == [b"v%d" % i for i in range(6)]
+    produce(admin, 1, 6)                                 # the new leader takes writes
+    assert (tmp_path / "third" / "t-0" / "00000000000000000006.log").exists()
+    rep.tick()                                           # acks=1: shows once the ISR has it
+    assert seen(admin) == [b"v%d" % i for i in range(7)]
+
+
+def test_reassign_partitions_cli_and_log_dirs_lag(tmp_path):
+    import json
+    import subprocess
+    import sys
+    admin, rep, clock = setup(tmp_path, partitions=2)
+    admin.add_log_dir(str(tmp_path / "third"))
+    produce(admin, 3)
+    produce(admin, 2, partition=1)
+    in_sync(admin, rep, 0)
+    url = str(tmp_path / "root")
+
+    def cli(*argv):
+        out = subprocess.run([sys.executable, "-m", "pyspark_kafkalog.cli.main", "--cluster", url,
+                              *argv], capture_output=True, text=True, timeout=120)
+        return out.returncode, [json.loads(x) for x in out.stdout.splitlines() if x.strip()], \
+            out.stderr
+
+    produce(admin, 2, 3)                                 # acks=1: the follower lags by 2
+    rc, rows, err = cli("log-dirs", "--describe", "--json")
+    assert rc == 0, err
+    lag = {(r["log_dir"], r["partition"]): r["offset_lag"] for r in rows if r["topic"] == "t"}
+    replicas = admin.cluster.state().topics["t"]["replicas"][0]
+    assert lag[(replicas[0], 0)] == 0 and lag[(replicas[1], 0)] == 2
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": "t", "partition": 0, "replicas": [2, 1], "log_dirs": ["any", "any"]}]}))
+    rc, rows, err = cli("reassign-partitions", "--reassignment-json-file", str(plan), "--verify",
+                        "--json")
+    assert rc == 1 and rows[0]["status"] == "not started or replaced"
+    rc, rows, err = cli("reassign-partitions", "--reassignment-json-file", str(plan), "--execute",
+                        "--json")
+    assert rc == 0, err
+    assert rows[0]["status"] == "started" and rows[0]["target"] == "logdir-2,logdir-1"
+    rc, rows, err = cli("reassign-partitions", "--reassignment-json-file", str(plan), "--verify",
+                        "--json")
+    assert rc == 1 and rows[0]["status"] == "in progress"
+    for _ in range(6):
+        rep.tick()
+    rc, rows, err = cli("reassign-partitions", "--reassignment-json-file", str(plan), "--verify",
+                        "--json")
+    assert rc == 0 and rows[0]["status"] == "complete", rows
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": "t", "partition": 1, "replicas": [7]}]}))
+    seq = admin.cluster.state().seq
+    rc, rows, err = cli("reassign-partitions", "--reassignment-json-file", str(bad), "--execute")
+    assert rc == 2 and "logdir-7" in err
+    assert admin.cluster.state().seq == seq                          # nothing written
+    assert seen(admin) == [b"v%d" % i for i in range(5)]

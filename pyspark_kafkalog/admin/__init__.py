@@ -8,21 +8,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import (Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
-                    Union)
+                    Tuple, Union)
 
+from ..cluster import actions as A
 from ..cluster.actions import AclChange
 from ..cluster.cluster import Cluster
 from ..cluster.consumer import EARLIEST, LATEST, Consumer, resolve_offset
 from ..cluster.groups import (GroupStore, OffsetAndMetadata, live_offsets, require_group,
                               topic_ids)
+from ..cluster.features import REPLICATION
+from ..cluster.isr import replica_lag
 from ..cluster.log_dirs import add_log_dir
+from ..cluster.partition_state import split_key
 from ..cluster.maintenance import (DeleteRecordsDryRun, DeleteRecordsResult, RetentionPlan,
                                    collect_garbage, delete_records, delete_records_dry_run,
                                    retention)
 from ..cluster.producer import Producer
 from ..cluster.repair import LostRange, PartitionRepair, SegmentRepair, repair
 from ..coordinator.follow import DEFAULT_POLL_INTERVAL_MS, Follower
-from ..errors import InvalidConfigError, InvalidRequestError, UnknownTopicOrPartitionError
+from ..errors import (InvalidConfigError, InvalidReplicaAssignmentError, InvalidRequestError,
+                      UnknownTopicOrPartitionError, error_for)
 from ..format.records import DecodedRecord, Record
 
 __all__ = ["Admin", "TopicPartition", "TopicDescription", "PartitionInfo", "LogDirInfo",
@@ -261,8 +266,7 @@ class Admin:
         return repair(self.cluster, topic, partition, dry_run=dry_run)
 
     def describe_log_dirs(self) -> Dict[str, Dict[TopicPartition, int]]:
-        """Bytes on storage per partition replica, per log dir (visible segments only; a
-        follower holds none yet: nothing copies to followers in this version)."""
+        """Bytes on storage per partition replica, per log dir (visible segments only)."""
         state = self.cluster.state()
         out: Dict[str, Dict[TopicPartition, int]] = {
             d: {} for d in self.cluster.log_dir_names(state)}
@@ -270,6 +274,68 @@ class Admin:
             for d in state.topics[topic]["replicas"][p]:
                 view = self.cluster.partition_view(topic, p, state, logdir=d)
                 out.setdefault(d, {})[TopicPartition(topic, p)] = view.log.size_in_bytes()
+        return out
+
+    def replica_lags(self) -> Dict[str, Dict[TopicPartition, int]]:
+        """Per log dir, per partition replica there, its offset lag behind the last stable
+        offset (Kafka's DescribeLogDirs ``offsetLag``; 0 for leaders)."""
+        state = self.cluster.state()
+        out: Dict[str, Dict[TopicPartition, int]] = {}
+        for topic, p in self.cluster.partitions(state):
+            replicas = state.topics[topic]["replicas"][p]
+            ps = state.partition(topic, p)
+            for d in replicas:
+                out.setdefault(d, {})[TopicPartition(topic, p)] = replica_lag(ps, d, replicas)
+        return out
+
+    def reassign_partitions(self, assignments: Mapping[Tuple[str, int], Sequence[Union[str, int]]]
+                            ) -> Dict[TopicPartition, str]:
+        """Start moving partitions to target replicas (Kafka's AlterPartitionReassignments;
+        ``kafkalog reassign-partitions --execute``). Targets are log dir names or their numbers
+        (Kafka's broker ids): ``{("t", 0): [2, 1]}``. The active coordinator copies to the new
+        replicas and completes each move once they are in sync (docs/protocol.md §1.3).
+        Returns the error name per partition (``NONE`` when accepted). Unknown log dirs are
+        refused here, before anything is written."""
+        state = self.cluster.state()
+        known = self.cluster.log_dir_names(state)
+        request: Dict[str, List[str]] = {}
+        ids: Dict[str, str] = {}
+        for (topic, p), targets in assignments.items():
+            info = state.topics.get(topic)
+            if info is None or not 0 <= p < info["partitions"]:
+                raise UnknownTopicOrPartitionError(f"no partition {topic}-{p}")
+            names = [t if isinstance(t, str) else f"logdir-{int(t)}" for t in targets]
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise InvalidReplicaAssignmentError(
+                    f"{topic}-{p}: log dir(s) {', '.join(unknown)} are not the cluster's "
+                    f"({', '.join(known)})")
+            request[f"{topic}:{p}"] = names
+            ids[topic] = info["topic_id"]
+        if not request:
+            return {}
+        if REPLICATION not in state.reader_features:
+            self.cluster.enable_feature(REPLICATION)
+        _, _, results = self.cluster.submit([A.ReassignPartitions(topic_ids=ids,
+                                                                  partitions=request)])
+        res = results[0]
+        if not res.ok:
+            raise error_for(res.error, res.message)
+        return {TopicPartition(*split_key(k)): r.error for k, r in res.partitions.items()}
+
+    def list_partition_reassignments(self) -> Dict[TopicPartition, dict]:
+        """Reassignments in progress: replicas, target, adding and removing (Kafka's
+        ListPartitionReassignments)."""
+        state = self.cluster.state()
+        out = {}
+        for topic, p in self.cluster.partitions(state):
+            rep = state.partition(topic, p).replication
+            if rep is not None and "target" in rep:
+                replicas = state.topics[topic]["replicas"][p]
+                out[TopicPartition(topic, p)] = {
+                    "replicas": replicas, "target": rep["target"],
+                    "adding": [r for r in rep["target"] if r not in rep["isr"]],
+                    "removing": [r for r in replicas if r not in rep["target"]]}
         return out
 
     def list_log_dirs(self) -> List[LogDirInfo]:

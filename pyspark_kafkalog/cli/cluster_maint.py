@@ -15,7 +15,7 @@ DRY_DELETE_COLUMNS = columns("topic", "partition", "offset", "log_start_offset",
                              "low_watermark", "error", "message")
 RETENTION_COLUMNS = columns("topic", "partition", "log_start_offset", "new_log_start_offset",
                             "segments", "bytes", "reason")
-LOG_DIR_COLUMNS = columns("log_dir", "url", "topic", "partition", "size")
+LOG_DIR_COLUMNS = columns("log_dir", "url", "topic", "partition", "size", "offset_lag")
 CLEANUP_COLUMNS = columns("kind", "path")
 RETENTION_CHUNK = 25          # partitions per retention step (one metadata entry each)
 
@@ -55,9 +55,9 @@ def add_parsers(sub, parents) -> None:
                     "URL (another bucket, another disk) that topics' replicas are placed on "
                     "(docs/protocol.md, section 1.1).",
         epilog=OUTPUT_HELP + " --describe columns: log_dir, url, topic, partition, size (bytes "
-               "of readable segments; followers hold none yet, as nothing copies to them in "
-               "this version); a log dir without replicas has one row with topic, partition and "
-               "size empty. --add prints the new log dir (log_dir, url, directory_id with "
+               "of readable segments), offset_lag (how far the replica is behind the last "
+               "stable offset, Kafka's offsetLag; 0 for the leader); a log dir without replicas "
+               "has one row with topic, partition and size empty. --add prints the new log dir (log_dir, url, directory_id with "
                "--json).")
     act = p.add_mutually_exclusive_group(required=True)
     act.add_argument("--describe", action="store_true", help="each log dir and its replicas")
@@ -158,13 +158,16 @@ def run_log_dirs(args) -> int:
             {"log_dir": d.log_dir, "url": d.url, "directory_id": d.directory_id})
         return 0
     sizes = admin.describe_log_dirs()
+    lags = admin.replica_lags()
     rows = []
     for d in admin.list_log_dirs():
         parts = sorted(sizes.get(d.log_dir, {}).items())
+        lag = lags.get(d.log_dir, {})
         rows += [{"log_dir": d.log_dir, "url": d.url, "topic": tp.topic,
-                  "partition": tp.partition, "size": size} for tp, size in parts] or \
+                  "partition": tp.partition, "size": size, "offset_lag": lag.get(tp)}
+                 for tp, size in parts] or \
             [{"log_dir": d.log_dir, "url": d.url, "topic": None, "partition": None,
-              "size": None}]
+              "size": None, "offset_lag": None}]
     emit_rows(args, LOG_DIR_COLUMNS, rows)
     return 0
 

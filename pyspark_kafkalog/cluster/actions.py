@@ -310,6 +310,25 @@ class ElectLeader(Action):
 
 
 @dataclass(frozen=True)
+class ReassignPartitions(Action):
+    """Target replicas per partition (kafka-reassign-partitions.sh --execute): reader feature
+    ``replication`` (docs/protocol.md §1.3); the coordinator carries it out."""
+    OP: ClassVar[str] = "reassign_partitions"
+    topic_ids: Dict[str, str] = spec(dict_of(check_str, check_str))
+    partitions: Dict[str, List[str]] = spec(dict_of(check_tp_key, list_of(check_str)))
+
+
+@dataclass(frozen=True)
+class CompleteReassignment(Action):
+    """The coordinator ends a reassignment whose targets are all in sync (§1.3)."""
+    OP: ClassVar[str] = "complete_reassignment"
+    coordinator_epoch: int = spec(check_int)
+    topic_ids: Dict[str, str] = spec(dict_of(check_str, check_str))
+    partitions: Dict[str, dict] = spec(dict_of(check_tp_key, record_of(
+        {"partition_epoch": (check_int, True)})))
+
+
+@dataclass(frozen=True)
 class Abort(Action):
     OP: ClassVar[str] = "abort"
     txns: List[str] = spec(list_of(check_str))

@@ -227,7 +227,7 @@ def add_acked(ps: PartitionState, start: int, end: int) -> None:
 
 # -- elections ------------------------------------------------------------------------------------
 
-ELECTIONS = ("offline", "unclean")
+ELECTIONS = ("offline", "unclean", "reassign")
 
 
 def check_election(ps: PartitionState, replicas: Sequence[str], partition_epoch: int,
@@ -244,6 +244,10 @@ def check_election(ps: PartitionState, replicas: Sequence[str], partition_epoch:
         return ("ELIGIBLE_LEADERS_NOT_AVAILABLE", f"{leader} is not in the ISR {rep['isr']}")
     if election == "unclean" and not unclean_enabled:
         return ("ELIGIBLE_LEADERS_NOT_AVAILABLE", "unclean.leader.election.enable is false")
+    if election == "reassign" and (leader not in rep.get("target", ())
+                                   or leader not in rep["isr"]):
+        return ("ELIGIBLE_LEADERS_NOT_AVAILABLE", f"{leader} is not an in-sync target of a "
+                "reassignment in progress")
     return None
 
 
@@ -270,6 +274,9 @@ def apply_election(ps: PartitionState, leader: str, election: str) -> List[list]
         held[old] = now_committed
     if election == "unclean":
         isr, joining, acked = [leader], [], []
+    elif election == "reassign":   # the old leader is online and holds it all: it stays in sync
+        isr = [leader] + [r for r in rep["isr"] if r != leader]
+        joining, acked = [r for r in rep["joining"] if r != leader], rep["acked_above_hw"]
     else:
         isr = [leader] + [r for r in rep["isr"] if r not in (leader, old)]
         joining, acked = [r for r in rep["joining"] if r != leader], rep["acked_above_hw"]
@@ -277,3 +284,59 @@ def apply_election(ps: PartitionState, leader: str, election: str) -> List[list]
                           acked_above_hw=acked, partition_epoch=rep["partition_epoch"] + 1)
     ps.leader_epoch += 1
     return lacking
+
+
+# -- reassignment ---------------------------------------------------------------------------------
+
+def check_reassign(ps: Optional[PartitionState], targets: List[str]) -> Optional[tuple]:
+    if ps is not None and ps.replication is not None and "target" in ps.replication:
+        return ("REASSIGNMENT_IN_PROGRESS", f"targets {ps.replication['target']} are still "
+                "being reached")
+    if not targets or len(set(targets)) != len(targets) or not all(_log_dir_name(t)
+                                                                    for t in targets):
+        return ("INVALID_REPLICA_ASSIGNMENT", f"targets {targets} must be distinct log dir "
+                "names logdir-<n>")
+    return None
+
+
+def _log_dir_name(name: str) -> bool:
+    prefix, _, n = name.rpartition("-")
+    return prefix == "logdir" and n.isdigit() and n.isascii()
+
+
+def check_complete(ps: PartitionState, partition_epoch: int) -> Optional[tuple]:
+    rep = ps.replication
+    if rep is None or "target" not in rep:
+        return ("INVALID_REQUEST", "no reassignment is in progress")
+    if partition_epoch != rep["partition_epoch"]:
+        return ("INVALID_UPDATE_VERSION", f"partition epoch {partition_epoch} is not the "
+                f"current one, {rep['partition_epoch']}")
+    missing = [t for t in rep["target"] if t not in rep["isr"]]
+    if missing or rep["leader"] not in rep["target"]:
+        return ("INVALID_REQUEST", f"targets not in sync yet: {missing}" if missing else
+                f"the leader {rep['leader']} is not a target")
+    return None
+
+
+def apply_complete(ps: PartitionState) -> List[str]:
+    """Ends a reassignment; returns the new replicas."""
+    rep = ps.replication
+    target = list(rep["target"])
+    leader = rep["leader"]
+    isr = [leader] + [r for r in rep["isr"] if r in target and r != leader]
+    joining = [r for r in rep["joining"] if r in target]
+    held = {d: rs for d, rs in rep["held"].items() if d in target}
+    ps.replication = {k: v for k, v in rep.items() if k != "target"}
+    ps.replication.update(isr=isr, joining=joining, held=held,
+                          partition_epoch=rep["partition_epoch"] + 1)
+    return target
+
+
+def replica_lag(ps: PartitionState, log_dir: str, replicas: Sequence[str]) -> int:
+    """Kafka's DescribeLogDirs ``offsetLag``: how far a replica is behind the last stable
+    offset (0 for the leader). A follower of a partition that is not replicated holds nothing."""
+    if log_dir == leader_of(ps, replicas):
+        return 0
+    if ps.replication is None:
+        return max(0, ps.last_stable_offset - ps.log_start_offset)
+    return max(0, ps.last_stable_offset - replica_end(ps, log_dir))

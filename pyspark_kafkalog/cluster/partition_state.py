@@ -203,4 +203,5 @@ def check_replication(rep) -> bool:
             and strs(rep.get("joining")) and ranges(rep.get("acked_above_hw"))
             and type(rep.get("partition_epoch")) is int and type(rep.get("high_watermark")) is int
             and type(rep.get("held")) is dict
-            and all(type(k) is str and ranges(v) for k, v in rep["held"].items()))
+            and all(type(k) is str and ranges(v) for k, v in rep["held"].items())
+            and ("target" not in rep or strs(rep["target"])))

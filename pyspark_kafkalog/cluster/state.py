@@ -377,6 +377,60 @@ class ClusterState:
             out[key] = A.Result()
         return A.PartitionsResult(partitions=out)
 
+    def _reassign_partitions(self, a: A.ReassignPartitions, ts: int) -> A.Result:
+        """Targets per partition (§1.3): the new ones join the replicas as followers; the
+        coordinator copies to them and completes the reassignment once they are in sync."""
+        if REPLICATION not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"reassign_partitions needs the feature "
+                           f"{REPLICATION}")
+        out: Dict[str, A.Result] = {}
+        for key, targets in a.partitions.items():
+            topic, p = split_key(key)
+            ps = self.partitions.get(key)
+            if ps is None or self.topics[topic]["topic_id"] != a.topic_ids.get(topic):
+                out[key] = A.error("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key} of topic "
+                                   f"id {a.topic_ids.get(topic)}")
+                continue
+            why = R.check_reassign(ps, targets)
+            if why is not None:
+                out[key] = A.error(*why)
+                continue
+            info = self._topic_w(topic)
+            current = info["replicas"][p]
+            replicas = list(info["replicas"])
+            if set(targets) == set(current):       # only the order (the preferred leader)
+                replicas[p] = list(targets)
+            else:
+                replicas[p] = list(current) + [t for t in targets if t not in current]
+                ps = self._partition_w(key)
+                if ps.replication is None:
+                    ps.replication = R.new_replication(ps, current[0])
+                ps.replication = dict(ps.replication, target=list(targets))
+            info["replicas"] = replicas
+            out[key] = A.Result()
+        return A.PartitionsResult(partitions=out)
+
+    def _complete_reassignment(self, a: A.CompleteReassignment, ts: int) -> A.Result:
+        if REPLICATION not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"complete_reassignment needs the feature "
+                           f"{REPLICATION}")
+        out: Dict[str, A.Result] = {}
+        for key, change in a.partitions.items():
+            topic, p = split_key(key)
+            bad = self._replicated(key, a.topic_ids)
+            if bad is None:
+                why = R.check_complete(self.partitions[key], change["partition_epoch"])
+                bad = None if why is None else A.error(*why)
+            if bad is not None:
+                out[key] = bad
+                continue
+            replicas = R.apply_complete(self._partition_w(key))
+            info = self._topic_w(topic)
+            info["replicas"] = [replicas if i == p else r for i, r in enumerate(info["replicas"])]
+            self._refresh_hw(key)
+            out[key] = A.Result()
+        return A.PartitionsResult(partitions=out)
+
     def _replicated(self, key: str, topic_ids: Dict[str, str]) -> Optional[A.Result]:
         """Why a coordinator's replication action cannot apply to one partition, or None."""
         topic, _ = split_key(key)
@@ -804,5 +858,7 @@ HANDLERS = {
     A.ReplicaProgress: ClusterState._replica_progress,
     A.AlterIsr: ClusterState._alter_isr,
     A.ElectLeader: ClusterState._elect_leader,
+    A.ReassignPartitions: ClusterState._reassign_partitions,
+    A.CompleteReassignment: ClusterState._complete_reassignment,
 }
 assert set(HANDLERS) == set(A.ACTIONS.values()), "every action needs a handler"

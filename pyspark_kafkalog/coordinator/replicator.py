@@ -53,6 +53,7 @@ class PassResult:
     #: (tp key, log dir) -> [(segment base, .log bytes)] copied in this pass
     copied: Dict[Tuple[str, str], List[Tuple[int, int]]] = field(default_factory=dict)
     truncated_files: int = 0
+    reassigned: List[str] = field(default_factory=list)      # reassignments completed
 
     @property
     def kind(self) -> str:
@@ -151,8 +152,59 @@ class Replicator:
                         and f"{key} {r}" not in result.failures and replica_end(ps, r) >= lso:
                     self._caught_up[(key, r)] = now
         after = self._decide_isr(epoch, after, now, offline, result)
+        after = self._reassign(epoch, after, result)
         self._write_derived(after, offline)
         return result
+
+    def _reassign(self, epoch: int, state, result: PassResult):
+        """Reassignments whose targets are all in sync: move the leader to a target that holds
+        everything committed (``elect_leader`` of kind ``reassign``), then complete them and
+        delete the removed replicas' directories (§1.3)."""
+        moves: Dict[str, dict] = {}
+        done: Dict[str, dict] = {}
+        topic_ids: Dict[str, str] = {}
+        for topic, info in state.topics.items():
+            for p, replicas in enumerate(info["replicas"]):
+                key = tp_key(topic, p)
+                ps = state.partitions.get(key)
+                rep = ps.replication if ps is not None else None
+                if rep is None or "target" not in rep:
+                    continue
+                if any(t not in rep["isr"] for t in rep["target"]):
+                    continue
+                topic_ids[topic] = info["topic_id"]
+                if rep["leader"] in rep["target"]:
+                    done[key] = {"partition_epoch": rep["partition_epoch"]}
+                    continue
+                ready = [t for t in rep["target"] if replica_end(ps, t) >= ps.last_stable_offset]
+                if ready:   # one that holds it all, so that the move truncates nothing
+                    moves[key] = {"partition_epoch": rep["partition_epoch"], "leader": ready[0]}
+        if moves:
+            state = self._submit(A.ElectLeader(coordinator_epoch=epoch, topic_ids=topic_ids,
+                                               election="reassign", partitions=moves), result)
+            result.elections["reassign"] = result.elections.get("reassign", 0) + len(moves)
+        if done:
+            before = {k: state.topics[k.rsplit(":", 1)[0]]["replicas"][int(k.rsplit(":", 1)[1])]
+                      for k in done}
+            state = self._submit(A.CompleteReassignment(coordinator_epoch=epoch,
+                                                        topic_ids=topic_ids, partitions=done),
+                                 result)
+            for key, old in before.items():
+                topic, p = key.rsplit(":", 1)
+                info = state.topics.get(topic)
+                if info is None or info["topic_id"] != topic_ids[topic]:
+                    continue
+                now = info["replicas"][int(p)]
+                if now == old:
+                    continue   # refused: the next pass tries again
+                result.reassigned.append(key)
+                for gone in [d for d in old if d not in now]:
+                    d = self.cluster.partition_dir(topic, int(p), gone, state)
+                    try:
+                        self.cluster.storage.delete_tree(d)
+                    except KafkaLogError as exc:   # cleanup removes it later (§7)
+                        log.warning("replication: %s stays for cleanup: %s", d, exc)
+        return state
 
     def _probe(self, state, now: int) -> set:
         """Log dirs holding replicas that are offline: unreadable (``meta.properties`` gone: a
