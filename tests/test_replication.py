@@ -486,3 +486,24 @@ def test_reassign_partitions_cli_and_log_dirs_lag(tmp_path):
     assert rc == 2 and "logdir-7" in err
     assert admin.cluster.state().seq == seq                          # nothing written
     assert seen(admin) == [b"v%d" % i for i in range(5)]
+
+
+def test_a_pass_is_counted_in_the_coordinators_metrics(tmp_path):
+    from pyspark_kafkalog.coordinator.metrics import CoordinatorMetrics
+    admin, rep, clock = setup(tmp_path, partitions=1)
+    rep.broker_session_timeout_ms = 100
+    produce(admin, 3)
+    m = CoordinatorMetrics()
+    for _ in range(2):
+        m.count_replication(rep.tick())
+    (tmp_path / "root" / "logdir-0").rename(tmp_path / "away")
+    rep.tick()
+    clock.ms += 200
+    m.count_replication(rep.tick())                      # the leader's root is gone: elect
+
+    def value(name, **labels):
+        return m.registry.get_sample_value(f"kafkalog_coordinator_{name}", labels or None)
+    assert value("replication_segments_total", mode="streamed") == 1
+    assert value("replication_bytes_total") > 0
+    assert value("isr_expands_total") == 1 and value("isr_shrinks_total") == 0
+    assert value("leader_elections_total") == 1 and value("unclean_leader_elections_total") == 0

@@ -46,6 +46,18 @@ class CoordinatorMetrics:
         self.maintenance_failures = Counter(f"{PREFIX}_maintenance_failures", "Scheduled "
                                             "maintenance runs that failed, by kind", ["kind"],
                                             registry=r)
+        self.unclean_leader_elections = Counter(
+            f"{PREFIX}_unclean_leader_elections", "Unclean leader elections this coordinator "
+            "made (Kafka's UncleanLeaderElectionsPerSec)", registry=r)
+        self.isr_shrinks = Counter(f"{PREFIX}_isr_shrinks", "Replicas taken out of an ISR "
+                                   "(Kafka's IsrShrinksPerSec)", registry=r)
+        self.isr_expands = Counter(f"{PREFIX}_isr_expands", "Replicas added to an ISR "
+                                   "(Kafka's IsrExpandsPerSec)", registry=r)
+        self.replication_segments = Counter(f"{PREFIX}_replication_segments", "Segments "
+                                            "copied to followers, by mode (streamed, "
+                                            "server_side, existing)", ["mode"], registry=r)
+        self.replication_bytes = Counter(f"{PREFIX}_replication_bytes", "Bytes of segments "
+                                         "copied to followers", registry=r)
         self.auth_failures = Counter(f"{PREFIX}_rpc_authentication_failures",
                                      "RPC calls refused for a missing or wrong token",
                                      registry=r)
@@ -72,6 +84,16 @@ class CoordinatorMetrics:
             self.maintenance_runs.labels(kind=kind).inc()
             if getattr(run, "ok", True) is False:
                 self.maintenance_failures.labels(kind=kind).inc()
+
+    def count_replication(self, result) -> None:
+        """What one replication pass did (``replicator.PassResult``)."""
+        for mode, n in result.by_mode.items():
+            self.replication_segments.labels(mode=mode).inc(n)
+        self.replication_bytes.inc(result.bytes)
+        self.leader_elections.inc(sum(result.elections.values()))
+        self.unclean_leader_elections.inc(result.elections.get("unclean", 0))
+        self.isr_shrinks.inc(result.isr_shrinks)
+        self.isr_expands.inc(result.isr_expands)
 
     def summary(self) -> Dict[str, object]:
         """The current values, for the Status RPC: by their names without the prefix (and

@@ -54,6 +54,8 @@ class PassResult:
     copied: Dict[Tuple[str, str], List[Tuple[int, int]]] = field(default_factory=dict)
     truncated_files: int = 0
     reassigned: List[str] = field(default_factory=list)      # reassignments completed
+    isr_shrinks: int = 0
+    isr_expands: int = 0
 
     @property
     def kind(self) -> str:
@@ -414,6 +416,8 @@ class Replicator:
                         joining.remove(r)
                         isr.append(r)
                 if isr != rep["isr"] or joining != rep["joining"]:
+                    result.isr_shrinks += len(set(rep["isr"]) - set(isr))
+                    result.isr_expands += len(set(isr) - set(rep["isr"]))
                     order = {r: i for i, r in enumerate(replicas)}
                     order[leader] = -1
                     changes[key] = {"partition_epoch": rep["partition_epoch"],

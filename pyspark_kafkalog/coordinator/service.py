@@ -401,7 +401,9 @@ class Coordinator:
                 continue
             try:
                 done = self.replicator.tick(self._now_s())
-                self.metrics.count_runs(None if done is None else [done])
+                if done is not None:
+                    self.metrics.count_runs([done])
+                    self.metrics.count_replication(done)
             except FencedCoordinatorError as exc:
                 self.fence(f"replication was fenced: {exc}")
             except Exception:   # noqa: BLE001 - the next pass starts again from the log
