@@ -16,7 +16,7 @@ from ..cluster.cluster import Cluster
 from ..cluster.consumer import EARLIEST, LATEST, Consumer, resolve_offset
 from ..cluster.groups import (GroupStore, OffsetAndMetadata, live_offsets, require_group,
                               topic_ids)
-from ..cluster.features import REPLICATION
+from ..cluster.features import CLIENT_QUOTAS, REPLICATION
 from ..cluster.isr import replica_lag
 from ..cluster.log_dirs import add_log_dir
 from ..cluster.partition_state import split_key
@@ -24,6 +24,9 @@ from ..cluster.maintenance import (DeleteRecordsDryRun, DeleteRecordsResult, Ret
                                    collect_garbage, delete_records, delete_records_dry_run,
                                    retention)
 from ..cluster.producer import Producer
+from ..cluster.quotas import (DEFAULT_ENTITY as DEFAULT_QUOTA_ENTITY, QUOTA_CONFIGS,
+                              check_entity as check_quota_entity, describe as describe_quotas,
+                              parse_rate)
 from ..cluster.repair import LostRange, PartitionRepair, SegmentRepair, repair
 from ..coordinator.follow import DEFAULT_POLL_INTERVAL_MS, Follower
 from ..errors import (InvalidConfigError, InvalidReplicaAssignmentError, InvalidRequestError,
@@ -337,6 +340,42 @@ class Admin:
                     "adding": [r for r in rep["target"] if r not in rep["isr"]],
                     "removing": [r for r in replicas if r not in rep["target"]]}
         return out
+
+    # -- client quotas (KIP-13, docs/protocol.md §12) ---------------------------------------------
+
+    def alter_client_quotas(self, entity: Optional[str], set_configs: Optional[Mapping[str, object]]
+                            = None, delete: Sequence[str] = ()) -> Dict[str, float]:
+        """Set or delete ``producer_byte_rate`` / ``consumer_byte_rate`` (bytes per second) of
+        a client id, or of the default entity (``entity=None``); as ``kafka-configs.sh
+        --alter --entity-type clients``. Takes effect at the coordinator's next look at the
+        log, without a restart. Returns the entity's values after the change."""
+        name = DEFAULT_QUOTA_ENTITY if entity is None else entity
+        bad = check_quota_entity(name)
+        if bad:
+            raise InvalidConfigError(f"client quota entity {name!r}: {bad}")
+        values = {k: str(v) for k, v in (set_configs or {}).items()}
+        for k, v in values.items():
+            if k not in QUOTA_CONFIGS:
+                raise InvalidConfigError(f"unknown quota config {k!r}; known: "
+                                         f"{', '.join(QUOTA_CONFIGS)}")
+            try:
+                parse_rate(k, v)
+            except ValueError as exc:
+                raise InvalidConfigError(str(exc)) from None
+        for k in delete:
+            if k not in QUOTA_CONFIGS:
+                raise InvalidConfigError(f"unknown quota config {k!r}; known: "
+                                         f"{', '.join(QUOTA_CONFIGS)}")
+        if CLIENT_QUOTAS not in self.cluster.state().reader_features:
+            self.cluster.enable_feature(CLIENT_QUOTAS)
+        self.cluster.submit_one(A.ClientQuotaChange(entity=name, set=values, delete=list(delete)))
+        return self.describe_client_quotas(entity).get(name, {})
+
+    def describe_client_quotas(self, entity: Optional[str] = None) -> Dict[str, Dict[str, float]]:
+        """{entity: {config: bytes per second}}: all entities, or the one named (``"<default>"``
+        for the default entity)."""
+        quotas = describe_quotas(self.cluster.state().client_quotas)
+        return quotas if entity is None else {k: v for k, v in quotas.items() if k == entity}
 
     def list_log_dirs(self) -> List[LogDirInfo]:
         """Every log dir, by number, with its URL (docs/protocol.md §1.1)."""

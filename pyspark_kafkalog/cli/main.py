@@ -17,7 +17,7 @@ from .. import __version__
 from ..errors import KafkaLogError
 from . import (cluster_data, cluster_groups, cluster_maint, cluster_metadata, cluster_topics,
                dump, produce, recover)
-from . import cluster_reassign, cluster_repair, coordinator
+from . import cluster_configs, cluster_reassign, cluster_repair, coordinator
 from .cluster_common import common_parent
 
 EXIT_USER_ERROR = 2
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_metadata.add_features_parser(sub, common)
     coordinator.add_parser(sub, common)
     cluster_reassign.add_parser(sub, common)
+    cluster_configs.add_parser(sub, common)
     return parser
 
 

@@ -329,6 +329,16 @@ class CompleteReassignment(Action):
 
 
 @dataclass(frozen=True)
+class ClientQuotaChange(Action):
+    """Byte-rate quotas of a client id or the default entity (KIP-13): reader feature
+    ``clientQuotas`` (docs/protocol.md §12)."""
+    OP: ClassVar[str] = "client_quota"
+    entity: str = spec(check_str)
+    set: Dict[str, str] = spec(dict_of(check_str, check_str), required=False, factory=dict)
+    delete: List[str] = spec(list_of(check_str), required=False, factory=list)
+
+
+@dataclass(frozen=True)
 class Abort(Action):
     OP: ClassVar[str] = "abort"
     txns: List[str] = spec(list_of(check_str))

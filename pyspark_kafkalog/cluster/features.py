@@ -24,6 +24,8 @@ COORDINATOR_LEASE = "coordinatorLease"
 LOG_DIR_REGISTRY = "logDirRegistry"
 #: followers copied to, the ISR and the stored high watermark (§1.3)
 REPLICATION = "replication"
+#: byte-rate quotas per client id (§12)
+CLIENT_QUOTAS = "clientQuotas"
 
 #: name -> what it means; the features this client implements
 READER_FEATURES: Dict[str, str] = {
@@ -35,6 +37,8 @@ READER_FEATURES: Dict[str, str] = {
                       "(another bucket, another disk), where replicas are placed and read",
     REPLICATION: "replica_progress and alter_isr actions: followers hold copies, the ISR, and a "
                  "high watermark that waits for the ISR (visible = held by every ISR member)",
+    CLIENT_QUOTAS: "client_quota actions: produce and fetch byte rates per client id (KIP-13), "
+                   "enforced by the coordinator",
 }
 WRITER_FEATURES: Dict[str, str] = {}
 

@@ -43,6 +43,8 @@ _SNAPSHOT_FIELDS = {"seq": (check_int, True), "timestamp": (check_int, True),
                    "sinks": (dict_of(check_str, check_int), False),
                    "coordinator": (optional(_LEASE), False),
                    "log_dirs": (optional(dict_of(check_str, _LOG_DIR)), False),
+                   "client_quotas": (optional(dict_of(check_str, dict_of(check_str, check_str))),
+                                     False),
                    "reader_features": (list_of(check_str), False),
                    "writer_features": (list_of(check_str), False)}
 _SNAPSHOT = record_of(_SNAPSHOT_FIELDS)

@@ -21,7 +21,7 @@ from .state import PARTITIONS_PER_PART, ClusterState, tp_key
 
 MANIFEST_VERSION = 3
 INLINE = ("txns", "decided", "acls", "deleted_topics", "sinks", "reader_features",
-          "writer_features", "coordinator", "log_dirs")
+          "writer_features", "coordinator", "log_dirs", "client_quotas")
 
 
 def _canonical(obj) -> bytes:

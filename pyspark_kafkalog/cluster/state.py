@@ -21,8 +21,9 @@ from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
 from . import actions as A
 from . import isr as R
-from .features import (COORDINATOR_LEASE, LOG_DIR_REGISTRY, REPLICATION, STREAMING_SINK,
-                       check_readable, unknown_features)
+from . import quotas as Q
+from .features import (CLIENT_QUOTAS, COORDINATOR_LEASE, LOG_DIR_REGISTRY, REPLICATION,
+                       STREAMING_SINK, check_readable, unknown_features)
 from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
 from .snapshot_shape import check_snapshot
@@ -60,6 +61,8 @@ class ClusterState:
         #: log dirs registered at URLs of their own (§1.1): name -> url, directory_id,
         #: storage_options, added. Never changed in place (a change replaces the dict).
         self.log_dirs: Dict[str, dict] = {}
+        #: client quotas (§12): entity -> {config: value}. Never changed in place.
+        self.client_quotas: Dict[str, Dict[str, str]] = {}
         self.reader_features: List[str] = []
         self.writer_features: List[str] = []
         self.results: Dict[int, List[A.Result]] = {}   # seq -> per-action results (in memory)
@@ -87,6 +90,7 @@ class ClusterState:
         c.topics, c.partitions, c.txns = dict(self.topics), self.partitions.copy(), dict(self.txns)
         c.decided, c.acls, c.deleted_topics = self.decided, self.acls, self.deleted_topics
         c.sinks, c.coordinator, c.log_dirs = self.sinks, self.coordinator, self.log_dirs
+        c.client_quotas = self.client_quotas
         c.touched = None
         c.reader_features, c.writer_features = list(self.reader_features), list(self.writer_features)
         c.results = dict(self.results)
@@ -173,7 +177,8 @@ class ClusterState:
                 "log_dirs": self.log_dirs,
                 "reader_features": self.reader_features,
                 "writer_features": self.writer_features,
-                **({} if self.coordinator is None else {"coordinator": self.coordinator})}
+                **({} if self.coordinator is None else {"coordinator": self.coordinator}),
+                **({"client_quotas": self.client_quotas} if self.client_quotas else {})}
 
     @classmethod
     def from_snapshot(cls, d, *, partitions: Optional[Dict[str, PartitionState]] = None
@@ -200,6 +205,7 @@ class ClusterState:
         s.coordinator = dict(d["coordinator"]) if d.get("coordinator") else None
         s.log_dirs = {name: dict(info, storage_options=dict(info.get("storage_options") or {}))
                       for name, info in (d.get("log_dirs") or {}).items()}
+        s.client_quotas = {e: dict(v) for e, v in (d.get("client_quotas") or {}).items()}
         return s
 
     # -- queries ------------------------------------------------------------------------------
@@ -798,6 +804,34 @@ class ClusterState:
             out[key] = A.LogStartResult(low_watermark=p.log_start_offset)
         return A.SetLogStartResult(partitions=out)
 
+    def _client_quota(self, a: A.ClientQuotaChange, ts: int) -> A.Result:
+        """A client id's (or the default entity's) byte rates (§12)."""
+        if CLIENT_QUOTAS not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"client_quota needs the feature {CLIENT_QUOTAS}")
+        bad = Q.check_entity(a.entity)
+        if bad:
+            return A.error("INVALID_REQUEST", f"entity {a.entity!r:.60}: {bad}")
+        unknown = [k for k in list(a.set) + list(a.delete) if k not in Q.QUOTA_CONFIGS]
+        if unknown:
+            return A.error("INVALID_REQUEST", f"unknown quota config {unknown[0]!r:.60}; known: "
+                           f"{', '.join(Q.QUOTA_CONFIGS)}")
+        try:
+            for k, v in a.set.items():
+                Q.parse_rate(k, v)
+        except ValueError as exc:
+            return A.error("INVALID_CONFIG", str(exc))
+        values = dict(self.client_quotas.get(a.entity, {}))
+        values.update(a.set)
+        for k in a.delete:
+            values.pop(k, None)
+        quotas = dict(self.client_quotas)
+        if values:
+            quotas[a.entity] = values
+        else:
+            quotas.pop(a.entity, None)
+        self.client_quotas = quotas
+        return A.Result()
+
     def _acl(self, a: A.AclChange, ts: int) -> A.Result:
         add = [{k: acl[k] for k in ("principal", "topic", "operation", "permission")}
                for acl in a.add]
@@ -860,5 +894,6 @@ HANDLERS = {
     A.ElectLeader: ClusterState._elect_leader,
     A.ReassignPartitions: ClusterState._reassign_partitions,
     A.CompleteReassignment: ClusterState._complete_reassignment,
+    A.ClientQuotaChange: ClusterState._client_quota,
 }
 assert set(HANDLERS) == set(A.ACTIONS.values()), "every action needs a handler"
