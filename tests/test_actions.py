@@ -138,7 +138,7 @@ def test_every_action_round_trips_through_json():
 
 
 @pytest.mark.parametrize("entry,error", [
-    ({"version": 1, "timestamp": 1, "actions": [{"op": "reassign_partitions"}]},
+    ({"version": 1, "timestamp": 1, "actions": [{"op": "frobnicate_partitions"}]},
      UnsupportedVersionError),
     ({"version": 1, "timestamp": 1, "actions": [{"op": "commit", "txns": [], "isr": []}]},
      UnsupportedVersionError),
