@@ -1,0 +1,88 @@
+"""KIP-13's byte-rate measurement and throttle time, per client id and quota kind.
+
+Kafka measures a client's byte rate over ``quota.window.num`` samples of
+``quota.window.size.seconds`` each and, when the rate is over the quota, delays the client by
+the time the excess bytes need at the quota's rate: (bytes in the window − quota × window) ÷
+quota. A producer's data is written first and its acknowledgement delayed; a consumer is
+delayed before it reads. Here one coordinator sees every client of a cluster, so the quota is
+cluster-wide instead of per broker (docs/protocol.md §12); this class is only the arithmetic,
+with the clock passed in, so the service and tests drive it alike.
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Deque, Dict, Optional, Tuple
+
+DEFAULT_WINDOW_NUM = 11          # Kafka's quota.window.num
+DEFAULT_WINDOW_SIZE_S = 1.0      # Kafka's quota.window.size.seconds
+
+
+@dataclass
+class _Sample:
+    start: float
+    bytes: float = 0.0
+
+
+class QuotaManager:
+    """``record(client_id, kind, nbytes, now)`` returns the throttle time in seconds (0 when
+    within quota). ``quota(client_id, kind)`` gives the byte rate that applies, or None; it is
+    read at every call, so a changed quota takes effect at the next request."""
+
+    def __init__(self, quota: Callable[[str, str], Optional[float]], *,
+                 window_num: int = DEFAULT_WINDOW_NUM,
+                 window_size_s: float = DEFAULT_WINDOW_SIZE_S):
+        if window_num < 2 or window_size_s <= 0:
+            raise ValueError("quota.window.num must be >= 2 and quota.window.size.seconds > 0")
+        self.quota = quota
+        self.window_num = window_num
+        self.window_size_s = window_size_s
+        self._samples: Dict[Tuple[str, str], Deque[_Sample]] = {}
+        self._throttled: Dict[Tuple[str, str], Tuple[float, int, float]] = {}   # max, n, total
+        self._lock = threading.Lock()
+
+    def _window(self, key: Tuple[str, str], now: float) -> Deque[_Sample]:
+        samples = self._samples.setdefault(key, deque())
+        if not samples or now >= samples[-1].start + self.window_size_s:
+            samples.append(_Sample(now))
+        horizon = now - self.window_num * self.window_size_s
+        while samples and samples[0].start + self.window_size_s <= horizon:
+            samples.popleft()
+        return samples
+
+    def record(self, client_id: str, kind: str, nbytes: int, now: float) -> float:
+        """Count ``nbytes`` and return how long the client must wait (seconds)."""
+        with self._lock:
+            key = (client_id or "", kind)
+            samples = self._window(key, now)
+            samples[-1].bytes += nbytes
+            delay = self._throttle(key, samples, now)
+            if delay > 0:
+                top, n, total = self._throttled.get(key, (0.0, 0, 0.0))
+                self._throttled[key] = (max(top, delay), n + 1, total + delay)
+            return delay
+
+    def _throttle(self, key, samples, now: float) -> float:
+        bound = self.quota(*key)
+        if bound is None or bound <= 0:
+            return 0.0
+        total = sum(s.bytes for s in samples)
+        # Kafka's elapsed window: the full windows kept plus the current one so far, and never
+        # less than (num - 1) windows, so that a first burst is not judged over a tiny span
+        elapsed = max(now - samples[0].start, (self.window_num - 1) * self.window_size_s)
+        excess = total - bound * elapsed
+        return excess / bound if excess > 0 else 0.0
+
+    def rate(self, client_id: str, kind: str, now: float) -> float:
+        """Bytes per second over the window, as the quota check sees it."""
+        with self._lock:
+            key = (client_id or "", kind)
+            samples = self._window(key, now)
+            elapsed = max(now - samples[0].start, (self.window_num - 1) * self.window_size_s)
+            return sum(s.bytes for s in samples) / elapsed
+
+    def throttle_stats(self, client_id: str, kind: str) -> Tuple[float, float]:
+        """(max, average) throttle time in seconds of the client's throttled requests."""
+        top, n, total = self._throttled.get((client_id or "", kind), (0.0, 0, 0.0))
+        return top, (total / n if n else 0.0)

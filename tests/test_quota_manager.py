@@ -1,0 +1,66 @@
+"""KIP-13's arithmetic (coordinator/quota_manager.py), on a simulated clock: a client over its
+quota is delayed by (bytes in the window − quota × window) ÷ quota, so that a client that
+waits as told runs at its quota; one without a quota is never delayed; a changed quota counts
+at the next request; the empty client id shares the default entity's quota."""
+from __future__ import annotations
+
+import pytest
+
+from pyspark_kafkalog.cluster.quotas import PRODUCE, quota_for
+from pyspark_kafkalog.coordinator.quota_manager import QuotaManager
+
+
+def run(m, client, rate_wanted, seconds, chunk=10_000, kind=PRODUCE):
+    """A client sending ``chunk`` bytes at a time as fast as ``rate_wanted`` allows, obeying
+    every delay; returns its measured rate and total throttle."""
+    now, sent, throttled = 0.0, 0, 0.0
+    while now < seconds:
+        delay = m.record(client, kind, chunk, now)
+        sent += chunk
+        now += chunk / rate_wanted + delay
+        throttled += delay
+    return sent / now, throttled
+
+
+@pytest.mark.parametrize("quota", [50_000.0, 1_000_000.0])
+def test_a_client_that_obeys_runs_at_its_quota(quota):
+    quotas = {"a": {"producer_byte_rate": str(quota)}}
+    m = QuotaManager(lambda c, k: quota_for(quotas, c, k))
+    rate, throttled = run(m, "a", rate_wanted=quota * 10, seconds=60, chunk=int(quota / 20))
+    assert rate == pytest.approx(quota, rel=0.10) and throttled > 0
+    top, avg = m.throttle_stats("a", PRODUCE)
+    assert 0 < avg <= top
+    rate_b, throttled_b = run(m, "b", rate_wanted=quota * 10, seconds=20)   # no quota
+    assert throttled_b == 0 and rate_b == pytest.approx(quota * 10, rel=0.01)
+
+
+def test_the_first_burst_is_judged_over_the_whole_window_and_excess_waits_at_the_quota():
+    m = QuotaManager(lambda c, k: 1000.0, window_num=11, window_size_s=1.0)
+    assert m.record("a", PRODUCE, 9_000, 0.0) == 0.0          # 9,000 B within 10 s x 1,000 B/s
+    assert m.record("a", PRODUCE, 3_000, 0.1) == pytest.approx(2.0)   # 2,000 B too many
+
+
+def test_a_changed_quota_counts_at_the_next_request():
+    quotas = {"a": {"producer_byte_rate": "1000"}}
+    m = QuotaManager(lambda c, k: quota_for(quotas, c, k))
+    assert m.record("a", PRODUCE, 20_000, 0.0) > 0
+    quotas["a"]["producer_byte_rate"] = "1000000"
+    assert m.record("a", PRODUCE, 1, 0.1) == 0.0
+    del quotas["a"]
+    assert m.record("a", PRODUCE, 10**9, 0.2) == 0.0
+
+
+def test_old_windows_are_forgotten():
+    m = QuotaManager(lambda c, k: 1000.0, window_num=3, window_size_s=1.0)
+    assert m.record("a", PRODUCE, 5_000, 0.0) > 0
+    assert m.record("a", PRODUCE, 100, 10.0) == 0.0            # the burst left the window
+    assert m.rate("a", PRODUCE, 10.0) == pytest.approx(50.0)
+
+
+def test_the_empty_client_id_shares_the_default():
+    quotas = {"<default>": {"producer_byte_rate": "1000"}, "x": {"producer_byte_rate": "1e9"}}
+    m = QuotaManager(lambda c, k: quota_for(quotas, c, k))
+    assert m.record("", PRODUCE, 50_000, 0.0) > 0
+    assert m.record("x", PRODUCE, 50_000, 0.0) == 0.0
+    with pytest.raises(ValueError):
+        QuotaManager(lambda c, k: None, window_num=1)
