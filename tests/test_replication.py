@@ -507,3 +507,30 @@ def test_a_pass_is_counted_in_the_coordinators_metrics(tmp_path):
     assert value("replication_bytes_total") > 0
     assert value("isr_expands_total") == 1 and value("isr_shrinks_total") == 0
     assert value("leader_elections_total") == 1 and value("unclean_leader_elections_total") == 0
+
+
+def test_reads_while_the_leaders_root_is_away_are_storage_errors_not_data_loss(tmp_path):
+    """Between the leader's root going away and the election, the data is on the in-sync
+    follower, not lost: readers get a retriable KafkaStorageError, and a Spark-style read with
+    failOnDataLoss=false does not skip it (found by tests/test_replication_failover.py)."""
+    import pytest
+    from pyspark_kafkalog.cluster.range_reader import read_range
+    from pyspark_kafkalog.cluster.read_plan import plan
+    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.errors import KafkaStorageError
+    from pyspark_kafkalog.spark.read_options import ReadOptions
+    admin, rep, clock = setup(tmp_path, partitions=1)
+    produce(admin, 4)
+    in_sync(admin, rep)
+    url = str(tmp_path / "root")
+    tasks = plan(open_source(url), ReadOptions.parse({"path": url, "subscribe": "t",
+                                                      "failOnDataLoss": "false"}))
+    assert [(t.start, t.end) for t in tasks] == [(0, 4)]
+    (tmp_path / "root" / "logdir-0").rename(tmp_path / "away")
+    with pytest.raises(KafkaStorageError, match="cannot be read"):
+        list(admin.consume("t"))
+    for lossy in (True, False):
+        with pytest.raises(KafkaStorageError):
+            list(read_range(tasks[0], include_headers=False, fail_on_data_loss=lossy))
+    (tmp_path / "away").rename(tmp_path / "root" / "logdir-0")
+    assert seen(admin) == [b"v%d" % i for i in range(4)]

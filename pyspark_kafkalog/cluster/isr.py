@@ -273,7 +273,9 @@ def apply_election(ps: PartitionState, leader: str, election: str) -> List[list]
     if now_committed:
         held[old] = now_committed
     if election == "unclean":
-        isr, joining, acked = [leader], [], []
+        # acks=all data the new leader holds keeps its protection: a later clean election must
+        # not truncate it either
+        isr, joining, acked = [leader], [], subtract_ranges(rep["acked_above_hw"], lacking)
     elif election == "reassign":   # the old leader is online and holds it all: it stays in sync
         isr = [leader] + [r for r in rep["isr"] if r != leader]
         joining, acked = [r for r in rep["joining"] if r != leader], rep["acked_above_hw"]

@@ -25,6 +25,7 @@ import functools
 from typing import Iterator, Optional
 
 from ..errors import CorruptRecordError, OffsetOutOfRangeError, StorageNotFoundError
+from ..log.partition import raise_if_log_dir_away
 from ..format.batch import V2_HEADER_SIZE, read_header, scan_offsets
 from ..format.arrow_decode import decode_spark_arrays
 from ..format.columnar import arrow_arrays, decode_columns
@@ -280,6 +281,9 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
     offset, end = task.start, task.end
 
     def lost(what: str) -> OffsetOutOfRangeError:
+        from .sources import CLUSTER
+        if handle.kind == CLUSTER:   # files on a root that is away are not lost (§1.3)
+            raise_if_log_dir_away(log.storage, log.dir, name)
         return OffsetOutOfRangeError(
             f"{name}: {what} after the read was planned (retention or delete-records ran). Some "
             "data may have been lost; set the option failOnDataLoss to false to read what is "
@@ -300,8 +304,10 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
         gap_end = end if i >= len(segments) else min(end, segments[i].base_offset)
         if offset < gap_end:
             missing = handle.promised(offset, gap_end)
-            if missing is not None and fail_on_data_loss:
-                raise lost(f"offset {missing} was deleted")
+            if missing is not None:
+                error = lost(f"offset {missing} was deleted")   # raises if the root is away
+                if fail_on_data_loss:
+                    raise error
             offset = gap_end
             continue
         if i >= len(segments):
@@ -320,9 +326,10 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
                 segments = log.segments
                 i, position = log.segment_for(offset) or 0, None
                 continue
+            error = lost(f"segment {seg.log_path} (offsets from {seg.base_offset}) was "
+                         "deleted")
             if fail_on_data_loss:
-                raise lost(f"segment {seg.log_path} (offsets from {seg.base_offset}) was "
-                           "deleted") from None
+                raise error from None
             i, position = i + 1, None
             continue
         except CorruptRecordError as exc:

@@ -15,7 +15,8 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from ..cluster.consumer import Consumer, fetch_chunks
-from ..errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicIdError
+from ..errors import (InvalidConfigError, KafkaStorageError, OffsetOutOfRangeError,
+                      UnknownTopicIdError)
 from .cluster_positions import ClusterPositions, local_cache
 from .fetch_session import FetchSessionClient
 
@@ -60,6 +61,7 @@ class Follower(Consumer):
         self._last_commit: Optional[Dict[int, int]] = None
         #: partition -> offset whose read failed once as deleted; a second failure there raises
         self._failed: Dict[int, int] = {}
+        self._away: set = set()     # partitions whose leader's root could not be read
         #: test-visible: polls made, and polls that found nothing to read
         self.polls = self.idle_polls = 0
 
@@ -101,12 +103,20 @@ class Follower(Consumer):
                                         return
                             pos[p] = next_offset
                             self._failed.pop(p, None)
+                            self._away.discard(p)
                             yield p, None, next_offset
                     except OffsetOutOfRangeError:
                         # deleted while we read it: the next poll says where the log starts now
                         if self._failed.get(p) == pos[p]:
                             raise
                         self._failed[p] = pos[p]
+                    except KafkaStorageError as exc:
+                        # the leader's root is away: keep following; the next polls read the
+                        # leader a coordinator elects (docs/protocol.md §1.3)
+                        if p not in self._away:
+                            log.warning("%s-%d: %s", self.topic, p, exc)
+                        self._away.add(p)
+                        continue
                 if not read:
                     self.idle_polls += 1
                 self._caught_up()

@@ -14,13 +14,14 @@ from ..errors import (InvalidConfigError, InvalidPartitionsError, StorageNotFoun
                       UnknownTopicOrPartitionError)
 from ..format import checkpoint as ckpt
 from .config import LogConfig
-from .partition import PARTITION_METADATA_FILE, PartitionLog, parse_partition_dir
+from .partition import (META_PROPERTIES_FILE, PARTITION_METADATA_FILE, PartitionLog,
+                        parse_partition_dir)
 from .segment import ReadStats
 
 REPLICATION_CHECKPOINT = "replication-offset-checkpoint"
 LOG_START_CHECKPOINT = "log-start-offset-checkpoint"
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
-META_PROPERTIES = "meta.properties"
+META_PROPERTIES = META_PROPERTIES_FILE
 # Kafka renames partition dirs it is deleting or moving: <topic>-<p>.<uuid>-delete / -future / -stray
 _LIVE_DIR = re.compile(r"^(.+)-(\d+)$")
 

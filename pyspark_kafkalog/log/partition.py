@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
-from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidTopicError, OffsetOutOfRangeError,
-                      RecordTooLargeError, StorageNotFoundError)
+from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidTopicError, KafkaLogError,
+                      KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError,
+                      StorageNotFoundError)
 from ..format import checkpoint as ckpt
 from ..format.batch import iter_headers
 from ..format.columnar import Columns, decode_columns
@@ -56,6 +57,29 @@ class RecoveryReport:
     @property
     def truncated_bytes(self) -> int:
         return sum(s.truncated_bytes for s in self.segments)
+
+
+#: a log dir's identity file (Kafka's); ``logdir.py`` names it too
+META_PROPERTIES_FILE = "meta.properties"
+
+
+def raise_if_log_dir_away(storage, partition_dir: str, name: str) -> None:
+    """Raise KafkaStorageError when the log dir holding ``partition_dir`` cannot be read now (its
+    ``meta.properties`` is gone: a root renamed, unmounted, a bucket away). A reader that misses
+    files there must not take them for deleted data (``failOnDataLoss``): they are on a root it
+    cannot reach, and on the other in-sync replicas."""
+    parent = partition_dir.rstrip("/").rpartition("/")[0]
+    path = f"{parent}/{META_PROPERTIES_FILE}" if parent else META_PROPERTIES_FILE
+    try:
+        there = storage.exists(path)
+        why = None if there else f"{path} is missing"
+    except (KafkaLogError, OSError) as exc:
+        why = str(exc)
+    if why is not None:
+        raise KafkaStorageError(
+            f"{name}: the log dir of the replica being read cannot be read ({why}); its root is "
+            "away. Retry: a coordinator elects another in-sync replica after "
+            "broker.session.timeout.ms")
 
 
 class PartitionLog:
@@ -193,11 +217,13 @@ class PartitionLog:
 
     def _check_nothing_skipped(self, offset: int, found: int) -> None:
         """Reading ``offset`` found data only from ``found`` on: if the metadata promises data in
-        between, report it, never return less."""
+        between, report it, never return less. Files missing because the replica's root cannot
+        be read now are not deleted data: that is a storage error, to retry."""
         if self.next_visible is None or found <= offset:
             return
         expected = self.next_visible(offset)
         if expected is not None and expected < found:
+            raise_if_log_dir_away(self.storage, self.dir, f"{self.topic}-{self.partition}")
             raise OffsetOutOfRangeError(
                 f"{self.topic}-{self.partition}: the metadata says offset {expected} holds "
                 f"committed data, but {self._why_missing(expected)}")
