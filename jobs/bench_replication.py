@@ -2,7 +2,8 @@
 
 - **catch-up:** a leader log dir with ``--segments`` sealed segments of ``--segment-mb`` MiB and
   an empty follower log dir on the same filesystem. One replication pass (copy with every batch
-  checked, the ``replica_progress`` entry, follower checkpoints) against the baseline of plain
+  checked, ``--fetchers`` segments at once, the ``replica_progress`` entry, follower
+  checkpoints) against the baseline of plain
   ``shutil.copyfile`` plus fsync of the same files to the same place; interleaved, best of
   ``--repeat``. The ratio is baseline time / ours (target >= 0.8: checking costs little).
 - **server-side copy** (``--s3``, needs moto): the same segments between two buckets of one
@@ -33,6 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--units", type=int, default=200, help="timed produce calls per case")
     p.add_argument("--fetch-wait-ms", type=int, default=20,
                    help="pause between replication passes in the latency cases")
+    p.add_argument("--fetchers", type=int, default=None,
+                   help="the replicator's num_replica_fetchers (default: its own, 4)")
     p.add_argument("--s3", action="store_true", help="also server-side vs streamed on moto")
     p.add_argument("--dir", default=None, help="where to make the clusters (default: temp)")
 
@@ -47,11 +50,12 @@ def _admin(root: Path, second: Path, rf: int, configs=None):
     return admin
 
 
-def _replicator(admin, wait_ms: int = 0):
+def _replicator(admin, fetchers=None):
     from pyspark_kafkalog.cluster.lease import acquire, new_holder_id
     from pyspark_kafkalog.coordinator.replicator import Replicator
     lease = acquire(admin.cluster, new_holder_id(), "bench", 600_000)
-    return Replicator(admin.cluster, lambda: lease.epoch)
+    kw = {} if fetchers is None else {"num_replica_fetchers": fetchers}
+    return Replicator(admin.cluster, lambda: lease.epoch, **kw)
 
 
 def _fill(admin, segments: int, segment_mb: int) -> None:
@@ -75,7 +79,7 @@ def catch_up(base: Path, args) -> dict:
         root, second = run_dir / "root", run_dir / "second"
         admin = _admin(root, second, 2)
         _fill(admin, args.segments, args.segment_mb)
-        rep = _replicator(admin)
+        rep = _replicator(admin, getattr(args, "fetchers", None))
         admin.cluster.enable_feature(REPLICATION)
         leader = _leader_path(admin, root, second)
         files = sorted(p for p in leader.iterdir() if p.suffix in (".log", ".index", ".timeindex"))
@@ -84,6 +88,7 @@ def catch_up(base: Path, args) -> dict:
         result = rep.tick()
         ours.append(time.perf_counter() - t)
         assert result.ok and result.segments == args.segments, result
+        modes = result.by_mode
         # the baseline: the same files copied and fsynced, to the same filesystem
         dst = run_dir / "plain"
         dst.mkdir()
@@ -100,6 +105,7 @@ def catch_up(base: Path, args) -> dict:
         shutil.rmtree(run_dir, ignore_errors=True)
     best, base_best = min(ours), min(plain)
     return {"bytes": size, "segments": args.segments, "ours_s": best,
+            "fetchers": rep.num_replica_fetchers, "modes": modes,
             "copyfile_fsync_s": base_best, "ours_mb_s": size / best / 1e6,
             "copyfile_mb_s": size / base_best / 1e6, "ratio": base_best / best,
             "runs_ours_s": ours, "runs_copyfile_s": plain}
@@ -114,7 +120,7 @@ def latency(base: Path, args) -> dict:
         stop = threading.Event()
         thread = None
         if rf > 1:
-            rep = _replicator(admin)
+            rep = _replicator(admin, getattr(args, "fetchers", None))
             for _ in range(3):
                 rep.tick()
 
@@ -217,7 +223,8 @@ def render(r: dict) -> str:
     lines = [f"catch-up of {c['segments']} segments, {c['bytes'] / 1e6:.0f} MB: "
              f"replicator {c['ours_s']:.3f} s ({c['ours_mb_s']:.0f} MB/s), copyfile+fsync "
              f"{c['copyfile_fsync_s']:.3f} s ({c['copyfile_mb_s']:.0f} MB/s): ratio "
-             f"{c['ratio']:.2f} (target >= 0.8)"]
+             f"{c['ratio']:.2f} (target >= 0.8; {c['fetchers']} fetchers, "
+             f"{', '.join(f'{n} {m}' for m, n in sorted(c['modes'].items()))})"]
     for name, v in r["latency"].items():
         lines.append(f"produce 1 KiB, {name}: p50 {v['p50_ms']:.1f} ms, p99 {v['p99_ms']:.1f} ms, "
                      f"{v['entries_per_unit']:.2f} metadata entries per unit")

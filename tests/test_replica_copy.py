@@ -5,6 +5,7 @@ test_storage) and a real SIGKILL: a copy is published whole and checked, or not 
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -17,12 +18,15 @@ import boto3
 import pytest
 
 from conftest import GOLDEN, expected_records
-from pyspark_kafkalog.coordinator.copier import SegmentCopy, copy_partition_metadata, copy_segment
-from pyspark_kafkalog.errors import AlreadyExistsError, CorruptRecordError
+from pyspark_kafkalog.coordinator.copier import (SegmentCopy, copy_partition_metadata, copy_segment,
+                                                 copy_segments)
+from pyspark_kafkalog.errors import (AlreadyExistsError, CorruptRecordError, InvalidConfigError,
+                                     KafkaStorageError, StorageNotFoundError)
 from pyspark_kafkalog.format.batch import scan_entries
 from pyspark_kafkalog.format.encode import encode_batch_v2
 from pyspark_kafkalog.format.records import Record
 from pyspark_kafkalog.storage import LocalStorage, open_storage
+from pyspark_kafkalog.storage import local as local_mod
 from pyspark_kafkalog.storage.mounts import MountedStorage
 from shared_paths import needs_golden
 from test_storage import BUCKET, REPO, _child_env, moto_options  # noqa: F401  (session fixture)
@@ -216,6 +220,192 @@ def test_partition_metadata(local):
     assert dst.read(f"{TOPIC}/partition.metadata") == meta
 
 
+# -- local to local in the kernel (LocalStorage.copy_from) -----------------------------------------
+
+def _big_segment(base: int = 0) -> bytes:
+    """Over ``KERNEL_COPY_MIN``, with an unaligned size (a tail past the last whole page)."""
+    return _segment(6, records=2, value_bytes=150_000, base=base)
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    """A leader and a follower root whose ``copy_from`` copies in the kernel whatever the
+    filesystem (on ext4 or tmpfs the default would stream)."""
+    return (LocalStorage(str(tmp_path / "leader"), fsync=True),
+            LocalStorage(str(tmp_path / "follower"), fsync=True, kernel_copy=True))
+
+
+def test_kernel_copy_is_byte_identical_and_checked(kernel, monkeypatch):
+    src, dst = kernel
+    data = _big_segment(base=100)
+    assert len(data) > local_mod.KERNEL_COPY_MIN and len(data) % 4096
+    _write_src(src, data, base=100)
+    got = copy_segment(src, TOPIC, dst, TOPIC, 100, end_offset=112, leader_epoch=5)
+    assert got == SegmentCopy(100, 112, len(data), "server_side")
+    assert dst.read(f"{TOPIC}/{100:020d}.log") == data
+    assert dst.read(f"{TOPIC}/{100:020d}.index") == b"\0" * 8    # small: streamed
+    assert _no_temp_files(dst)
+    # the same again is an existing copy; a different one at the name is replaced, checked
+    assert copy_segment(src, TOPIC, dst, TOPIC, 100, end_offset=112).mode == "existing"
+    dst.replace(f"{TOPIC}/{100:020d}.log", data[:-1] + bytes([data[-1] ^ 1]))
+    assert copy_segment(src, TOPIC, dst, TOPIC, 100, end_offset=112).mode == "server_side"
+    assert dst.read(f"{TOPIC}/{100:020d}.log") == data and _no_temp_files(dst)
+
+
+def test_kernel_copy_create_if_absent_and_replace(kernel, tmp_path):
+    src, dst = kernel
+    data = _big_segment()
+    src.replace("a.log", data)
+    assert dst.copy_from(src, "a.log", "d/b.log")
+    assert dst.read("d/b.log") == data
+    with pytest.raises(AlreadyExistsError):
+        dst.copy_from(src, "a.log", "d/b.log")
+    assert dst.read("d/b.log") == data
+    other = bytes(reversed(data))
+    src.replace("c.log", other)
+    assert dst.copy_from(src, "c.log", "d/b.log", replace=True)
+    assert dst.read("d/b.log") == other and _no_temp_files(dst, "d")
+    # declined, nothing done: a small file, another kind of storage, kernel_copy=False
+    src.replace("small.log", b"x" * 1000)
+    assert not dst.copy_from(src, "small.log", "d/small.log") and not dst.exists("d/small.log")
+    assert not dst.copy_from(open_storage("memory://kc-" + uuid.uuid4().hex), "a.log", "d/m.log")
+    streaming = LocalStorage(str(tmp_path / "follower"), fsync=False, kernel_copy=False)
+    assert not streaming.copy_from(src, "a.log", "d/n.log") and not dst.exists("d/n.log")
+    with pytest.raises(StorageNotFoundError):
+        dst.copy_from(src, "missing.log", "d/x.log")
+
+
+def test_kernel_copy_of_a_corrupt_source_is_refused_and_nothing_stays(kernel, tmp_path):
+    src, dst = kernel
+    data = _big_segment()
+    _write_src(src, data)
+    bad = bytearray(data)
+    at = _positions(data)[4]
+    bad[at + 200_000] ^= 0x10        # inside the records: only the CRC sees it
+    src.replace(f"{TOPIC}/{LOG}", bytes(bad))
+    with pytest.raises(CorruptRecordError) as e:
+        copy_segment(src, TOPIC, dst, TOPIC, 0, end_offset=12, leader_epoch=5)
+    assert e.value.position == at and src._where(f"{TOPIC}/{LOG}") in str(e.value)
+    _assert_nothing_published(dst)
+    assert not any(".log" in n for n in os.listdir(tmp_path / "follower" / TOPIC))
+
+
+def test_kernel_copy_that_fails_leaves_nothing(kernel, monkeypatch):
+    src, dst = kernel
+    data = _big_segment()
+    src.replace("a.log", data)
+    real = local_mod._kernel_copy
+
+    def half_then_fail(sfd, dfd, start, end, where, **kw):
+        real(sfd, dfd, start, (start + end) // 2, where, **kw)
+        raise OSError(errno.EIO, "injected")
+    monkeypatch.setattr(local_mod, "_kernel_copy", half_then_fail)
+    with pytest.raises(KafkaStorageError, match="injected"):
+        dst.copy_from(src, "a.log", "d/a.log")
+    assert not dst.exists("d/a.log") and _no_temp_files(dst, "d")
+
+
+@pytest.mark.parametrize("refuse", [["copy_file_range"], ["copy_file_range", "sendfile"]])
+def test_kernel_copy_falls_back_when_the_kernel_refuses(kernel, monkeypatch, refuse):
+    src, dst = kernel
+    data = _big_segment()
+    src.replace("a.log", data)
+    for name in refuse:
+        def refused(*a, _name=name):
+            raise OSError(errno.EXDEV, f"{_name} refused")
+        monkeypatch.setattr(os, name, refused)
+    assert dst.copy_from(src, "a.log", "d/a.log")
+    assert dst.read("d/a.log") == data and _no_temp_files(dst, "d")
+
+
+def test_kernel_copy_of_a_source_that_shrank_is_an_error(tmp_path):
+    (tmp_path / "s").write_bytes(b"y" * 10_000)
+    sfd = os.open(tmp_path / "s", os.O_RDONLY)
+    dfd = os.open(tmp_path / "d", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(KafkaStorageError, match="ended at 10000 of 20000"):
+            local_mod._kernel_copy(sfd, dfd, 0, 20_000, "s")
+    finally:
+        os.close(sfd)
+        os.close(dfd)
+
+
+# -- several segments at once (copy_segments, Kafka's num.replica.fetchers) -------------------------
+
+@pytest.mark.parametrize("fetchers", [1, 4])
+def test_copy_segments_in_order_up_to_the_first_failure(local, fetchers):
+    src, dst = local
+    bases, ends = [0, 20, 40, 60, 80], []
+    for b in bases:
+        data = _segment(5, base=b)                  # 20 offsets each
+        _write_src(src, data, base=b)
+        ends.append(b + 20)
+    copies, error = copy_segments(src, TOPIC, dst, TOPIC, [(b, e, True) for b, e in zip(bases, ends)],
+                                  fetchers=fetchers)
+    assert error is None and [c.base_offset for c in copies] == bases
+    assert [c.end_offset for c in copies] == ends and {c.mode for c in copies} == {"streamed"}
+    # a damaged segment in the middle: the ones before it count, it and those after do not
+    dst2 = LocalStorage(str(dst.root) + "-2", fsync=False)
+    bad = bytearray(src.read(f"{TOPIC}/{40:020d}.log"))
+    bad[150] ^= 1
+    src.replace(f"{TOPIC}/{40:020d}.log", bytes(bad))
+    copies, error = copy_segments(src, TOPIC, dst2, TOPIC, [(b, e, True) for b, e in zip(bases, ends)],
+                                  fetchers=fetchers)
+    assert [c.base_offset for c in copies] == [0, 20] and isinstance(error, CorruptRecordError)
+    assert not dst2.exists(f"{TOPIC}/{40:020d}.log") and _no_temp_files(dst2)
+    if fetchers == 1:                                 # one after the other: nothing past it
+        assert not dst2.exists(f"{TOPIC}/{60:020d}.log")
+    with pytest.raises(InvalidConfigError):
+        copy_segments(src, TOPIC, dst2, TOPIC, [], fetchers=0)
+
+
+def test_replicator_records_each_segment_copied_concurrently(tmp_path, monkeypatch):
+    """num_replica_fetchers=4: every segment copied is recorded with its span, in order; a
+    segment whose copy fails is not (nor any after it), and the pass says why."""
+    import random
+
+    from pyspark_kafkalog.admin import Admin
+    from pyspark_kafkalog.cluster.lease import acquire, new_holder_id
+    from pyspark_kafkalog.coordinator import copier
+    from pyspark_kafkalog.coordinator.replicator import Replicator
+
+    with pytest.raises(InvalidConfigError):
+        Replicator(None, lambda: None, num_replica_fetchers=0)
+    runs = {}
+    for fail in (None, 2):
+        admin = Admin(str(tmp_path / f"root{fail}"), fsync=False)
+        admin.add_log_dir(str(tmp_path / f"second{fail}"))
+        admin.cluster.placement_random = random.Random(0)
+        admin.create_topic("t", 1, 2, {})
+        for u in range(6):    # one segment per unit
+            admin.produce("t", [Record(b"k", b"v%d" % i) for i in range(3)], partition=0,
+                          acks="1")
+        lease = acquire(admin.cluster, new_holder_id(), "127.0.0.1:1", 60_000)
+        rep = Replicator(admin.cluster, lambda: lease.epoch, num_replica_fetchers=4)
+        real = copier.copy_segment
+
+        def copy(src, src_dir, dst, dst_dir, base, **kw):
+            if fail is not None and base == 3 * fail:
+                raise CorruptRecordError(f"injected at segment {base}", 0)
+            return real(src, src_dir, dst, dst_dir, base, **kw)
+        monkeypatch.setattr(copier, "copy_segment", copy)
+        result = rep.tick()
+        monkeypatch.undo()
+        state = admin.cluster.state()
+        rep_after = state.partition("t", 0).replication
+        follower, = [r for r in state.topics["t"]["replicas"][0] if r != rep_after["leader"]]
+        runs[fail] = (result, follower, rep_after)
+    result, follower, rep_after = runs[None]
+    assert result.ok and result.segments == 6
+    assert [b for b, _ in result.copied[("t:0", follower)]] == [0, 3, 6, 9, 12, 15]
+    assert rep_after["held"] == {follower: [[0, 18]]}
+    result, follower, rep_after = runs[2]
+    assert "injected at segment 6" in result.failures[f"t:0 {follower}"]
+    assert [b for b, _ in result.copied[("t:0", follower)]] == [0, 3]
+    assert result.progress["t:0"][follower] == [[0, 3], [3, 6]]
+    assert rep_after["held"] == {follower: [[0, 6]]}
+
+
 # -- S3 -------------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -327,7 +517,8 @@ _CHILD = """
 import sys, time
 from pyspark_kafkalog.storage import LocalStorage
 from pyspark_kafkalog.coordinator.copier import copy_segment
-src, dst = LocalStorage(sys.argv[1], fsync=False), LocalStorage(sys.argv[2], fsync=False)
+src = LocalStorage(sys.argv[1], fsync=False)
+dst = LocalStorage(sys.argv[2], fsync=False, kernel_copy=False)   # streamed, whatever the fs
 read = src.read
 def slow_read(path, start=0, end=None):
     time.sleep(0.002)

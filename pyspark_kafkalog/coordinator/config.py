@@ -25,7 +25,8 @@ KEYS = {"coordinator.bind": ("bind", str),
         "coordinator.replication.enable": ("replication", bool),
         "replica.lag.time.max.ms": ("replica_lag_time_max_ms", int),
         "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", int),
-        "broker.session.timeout.ms": ("broker_session_timeout_ms", int)}
+        "broker.session.timeout.ms": ("broker_session_timeout_ms", int),
+        "num.replica.fetchers": ("num_replica_fetchers", int)}
 #: every key the file may hold
 ALL_KEYS = frozenset(KEYS) | MAINTENANCE_KEYS
 

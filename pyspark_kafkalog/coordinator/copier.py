@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
+from concurrent.futures import wait
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
-from ..errors import AlreadyExistsError, CorruptRecordError, InvalidConfigError, KafkaStorageError
+from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidConfigError, KafkaLogError,
+                      KafkaStorageError)
 from ..format.batch import (LENGTH_OFFSET, LOG_OVERHEAD, MAGIC_V2, scan_entries,
                             torn_error)
 from ..format.checkpoint import parse_partition_metadata
 from ..log.partition import PARTITION_METADATA_FILE
+from ..log.segment_writer import SharedPool
 from ..log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, segment_name
 from ..storage.base import Storage
 
@@ -126,6 +130,23 @@ def _chunks(st: Storage, path: str, size: int, chunk_bytes: int, check) -> Itera
     check.finish()
 
 
+def _walk(src: Storage, sp: str, dst: Storage, dp: str, size: int, chunk_bytes: int,
+          check) -> None:
+    """Feed the bytes a store copied from ``sp`` to ``dp`` (``size`` of them) to ``check`` and
+    finish it. Where the source maps its files (local disk) they are walked in the source's
+    mapping: the pages the kernel's copy just read (or, after a reflink, the only copy of
+    them), with no copy into this process and no carry between chunks. Segments are never
+    rewritten in place, so those are the bytes the kernel copied (and ``Storage.map``'s
+    condition holds). Elsewhere the copy is read back in chunks."""
+    view = src.map(sp) if size else None
+    if view is None or len(view) < size:
+        for _ in _chunks(dst, dp, size, chunk_bytes, check):
+            pass
+        return
+    check.feed(view[:size])
+    check.finish()
+
+
 def _join(dir_path: str, name: str) -> str:
     return f"{dir_path.rstrip('/')}/{name}" if dir_path else name
 
@@ -159,8 +180,7 @@ def _publish(src: Storage, sp: str, dst: Storage, dp: str, size: int, chunk_byte
             if end_offset is not None and mine is not None and mine == dst.checksum(dp):
                 return "server_side", _Verified(size, end_offset)
             check = new_check(size)
-            for _ in _chunks(dst, dp, size, chunk_bytes, check):
-                pass
+            _walk(src, sp, dst, dp, size, chunk_bytes, check)
         except BaseException:
             dst.delete(dp, missing_ok=True)
             raise
@@ -235,6 +255,64 @@ def copy_segment(src: Storage, src_dir: str, dst: Storage, dst_dir: str, base_of
         lambda size: _LogCheck(where, size, base_offset, end_offset, leader_epoch),
         end_offset if trust_end_offset else None)
     return SegmentCopy(base_offset, check.next, check.pos, mode)
+
+
+def check_fetchers(fetchers) -> int:
+    """``fetchers`` (how many segments :func:`copy_segments` copies at once), checked."""
+    if not isinstance(fetchers, int) or isinstance(fetchers, bool) or fetchers < 1:
+        raise InvalidConfigError(f"num_replica_fetchers must be an int >= 1, got {fetchers!r}")
+    return fetchers
+
+
+_pools: Dict[int, SharedPool] = {}
+_pools_lock = threading.Lock()
+
+
+def copy_segments(src: Storage, src_dir: str, dst: Storage, dst_dir: str, segments, *,
+                  fetchers: int = 1, chunk_bytes: int = 8 << 20) -> tuple:
+    """:func:`copy_segment` of each ``(base_offset, end_offset, trust_end_offset)`` of
+    ``segments`` (lowest first), up to ``fetchers`` at once on a shared pool (Kafka's
+    ``num.replica.fetchers``; pass 1 where the storage does not take concurrent writes).
+
+    Returns ``(copies, error)``: the :class:`SegmentCopy` of each segment in order up to the
+    first that failed, and that failure (a :class:`KafkaLogError`) or None. As when copying one
+    after the other, nothing at or past a failure counts: copies not started by then are not
+    made, and those already under way are left to be judged again ("existing") next time.
+    Every copy has ended when this returns or raises (another error: the first in order).
+
+    Why: a copy spends its time in the kernel's copy, in fsync and in CRC-32C, all outside the
+    GIL, so copies overlap one another's waits on the device (docs/performance.md
+    "Replication").
+    """
+    fetchers = check_fetchers(fetchers)
+
+    def one(seg) -> SegmentCopy:
+        base, end, trust = seg
+        return copy_segment(src, src_dir, dst, dst_dir, base, end_offset=end,
+                            trust_end_offset=trust, chunk_bytes=chunk_bytes)
+
+    copies: List[SegmentCopy] = []
+    if fetchers == 1 or len(segments) < 2:
+        for seg in segments:
+            try:
+                copies.append(one(seg))
+            except KafkaLogError as exc:
+                return copies, exc
+        return copies, None
+    with _pools_lock:
+        pool = _pools.setdefault(fetchers, SharedPool(fetchers, "kafkalog-fetch"))
+    futures = [pool.get().submit(one, seg) for seg in segments]
+    try:
+        for f in futures:
+            try:
+                copies.append(f.result())
+            except KafkaLogError as exc:
+                return copies, exc
+        return copies, None
+    finally:
+        for f in futures:
+            f.cancel()
+        wait(futures)
 
 
 def copy_partition_metadata(src: Storage, src_dir: str, dst: Storage, dst_dir: str) -> str:

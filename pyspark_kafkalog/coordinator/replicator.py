@@ -30,7 +30,7 @@ from ..log.logdir import (LOG_START_CHECKPOINT, META_PROPERTIES, RECOVERY_POINT_
 from ..log.partition import LEADER_EPOCH_FILE
 from ..format.checkpoint import parse_meta_properties
 from ..log.segment import LOG_SUFFIX, segment_name
-from .copier import copy_partition_metadata, copy_segment
+from .copier import check_fetchers, copy_partition_metadata, copy_segments
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,11 @@ class Replicator:
     def __init__(self, cluster, epoch: Callable[[], Optional[int]], *,
                  replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
                  broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
-                 enable: bool = True, clock_ms: Optional[Callable[[], int]] = None):
+                 enable: bool = True, clock_ms: Optional[Callable[[], int]] = None,
+                 num_replica_fetchers: int = 4):
         self.cluster = cluster
+        #: segments of one follower copied at once (Kafka's ``num.replica.fetchers``)
+        self.num_replica_fetchers = check_fetchers(num_replica_fetchers)
         self.epoch = epoch
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.broker_session_timeout_ms = broker_session_timeout_ms
@@ -342,23 +345,25 @@ class Replicator:
         for r in behind:
             held = ps.replication["held"].get(r, [])
             dst_dir = self.cluster.partition_dir(topic, p, r, state)
+            todo = []   # (base, span, is_open) of the segments r lacks, lowest first
+            for i, base in enumerate(bases):
+                nxt = bases[i + 1] if i + 1 < len(bases) else None
+                span = _segment_span(ps.committed, base, nxt, lo)
+                is_open = False
+                if span is None and r in members:
+                    # an open acks=all range: its writer waits for this copy to commit
+                    span, is_open = _open_span(urgent, base), True
+                if span is not None and not _held(held, span[0]):
+                    todo.append((base, span, is_open))
             copied: List[List[int]] = []
             try:
-                metadata_done = False
-                for i, base in enumerate(bases):
-                    nxt = bases[i + 1] if i + 1 < len(bases) else None
-                    span = _segment_span(ps.committed, base, nxt, lo)
-                    is_open = False
-                    if span is None and r in members:
-                        # an open acks=all range: its writer waits for this copy to commit
-                        span, is_open = _open_span(urgent, base), True
-                    if span is None or _held(held, span[0]):
-                        continue
-                    if not metadata_done:
-                        copy_partition_metadata(storage, src_dir, storage, dst_dir)
-                        metadata_done = True
-                    copy = copy_segment(storage, src_dir, storage, dst_dir, base,
-                                        end_offset=span[1], trust_end_offset=not is_open)
+                if todo:
+                    copy_partition_metadata(storage, src_dir, storage, dst_dir)
+                done, error = copy_segments(
+                    storage, src_dir, storage, dst_dir,
+                    [(base, span[1], not is_open) for base, span, is_open in todo],
+                    fetchers=self.num_replica_fetchers if storage.concurrent_writes else 1)
+                for (base, span, is_open), copy in zip(todo, done):
                     # an open range's later segments may still be on their way: only what
                     # this file holds counts
                     copied.append([span[0], copy.end_offset] if is_open else list(span))
@@ -366,6 +371,8 @@ class Replicator:
                     result.segments += 1
                     result.bytes += copy.bytes
                     result.by_mode[copy.mode] = result.by_mode.get(copy.mode, 0) + 1
+                if error is not None:
+                    raise error
             except KafkaLogError as exc:
                 result.failures[f"{key} {r}"] = str(exc)
                 log.warning("replication: copying %s to %s stopped: %s", key, r, exc)

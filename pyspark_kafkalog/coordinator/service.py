@@ -115,7 +115,8 @@ class Coordinator:
                  replication: bool = True,
                  replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
                  replica_fetch_wait_max_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MAX_MS,
-                 broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS):
+                 broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
+                 num_replica_fetchers: int = 4):
         """``maintenance``: run the scheduled maintenance (default); ``maintenance_config``: its
         settings, a ``SchedulerConfig`` or properties (default: Kafka's intervals).
         ``replication``: copy to followers and keep the ISR (docs/protocol.md §1.3), enabling
@@ -158,7 +159,8 @@ class Coordinator:
         if replication:
             self.replicator = Replicator(cluster, lambda: self.epoch if self._may_act() else None,
                                          replica_lag_time_max_ms=replica_lag_time_max_ms,
-                                         broker_session_timeout_ms=broker_session_timeout_ms)
+                                         broker_session_timeout_ms=broker_session_timeout_ms,
+                                         num_replica_fetchers=num_replica_fetchers)
         self.replica_fetch_wait_max_ms = replica_fetch_wait_max_ms
         self.metrics = CoordinatorMetrics()
         self.metrics.watch_replication(lambda: replication_summary(cluster.state()))

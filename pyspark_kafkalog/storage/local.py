@@ -32,6 +32,18 @@ log = logging.getLogger(__name__)
 #: buffer and the extra calls cost more than the page cache does.
 _DIRECT_MIN = 1 << 20
 
+#: ``copy_from`` leaves smaller files to the caller, which streams them: one read and one write
+#: through the process cost less there than a copy in the kernel plus the read back that checks it.
+KERNEL_COPY_MIN = 1 << 20
+
+#: Filesystems whose ``copy_file_range`` moves no data through the page cache: a reflink
+#: (btrfs, xfs with reflink, bcachefs, ocfs2, zfs block cloning) or a copy on the server (NFS
+#: 4.2, SMB). Elsewhere (ext4, tmpfs, ...) the kernel copies page by page into the page cache,
+#: which measured slower than the copier's own O_DIRECT stream (docs/performance.md
+#: "Replication"), so ``copy_from`` declines there unless ``kernel_copy=True``.
+_OFFLOAD_COPY_FS = frozenset({"btrfs", "xfs", "bcachefs", "ocfs2", "zfs", "nfs", "nfs4",
+                              "cifs", "smb3"})
+
 
 #: Filesystems whose files only this machine's kernel changes: a file mapped here cannot vanish
 #: under the mapping. On network and FUSE filesystems another host may delete a mapped file,
@@ -64,6 +76,16 @@ def _can_map(path: str) -> bool:
     return _mount_fs_type(os.path.realpath(path), mounts) in _MAPPABLE_FS
 
 
+def _copy_offloads(path: str) -> bool:
+    """Whether ``copy_file_range`` under ``path`` reflinks or copies on a server (Linux)."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            mounts = f.read()
+    except OSError:
+        return False
+    return _mount_fs_type(os.path.realpath(path), mounts) in _OFFLOAD_COPY_FS
+
+
 class LocalStorage(Storage):
     """A directory tree on a POSIX filesystem.
 
@@ -78,6 +100,9 @@ class LocalStorage(Storage):
     * ``append``: ``O_APPEND`` writes (+ fsync); concurrent appenders do not interleave within one
       ``write`` call on a local filesystem, but a killed writer can leave a torn tail.
     * ``truncate`` is in place; reads and listings see writes at once (one kernel page cache).
+    * ``copy_from`` another ``LocalStorage``: ``copy_file_range`` into a temp file, fsync, then
+      published like ``create_if_absent`` (or ``replace``); only where the filesystem reflinks
+      or copies on the server, or with ``kernel_copy=True`` (see :meth:`copy_from`).
     * ``durable_on_return`` holds only with ``fsync=True`` (the default); tests switch it off for
       speed, which keeps every guarantee against process crashes, only not against power loss.
     * ``direct_io`` (default True; Linux): files of 1 MiB and more written whole by
@@ -95,10 +120,13 @@ class LocalStorage(Storage):
     :meth:`cleanup_temp_files` removes.
     """
 
-    def __init__(self, root: str, *, fsync: bool = True, direct_io: bool = True):
+    def __init__(self, root: str, *, fsync: bool = True, direct_io: bool = True,
+                 kernel_copy: Optional[bool] = None):
         self._root = os.path.abspath(os.path.expanduser(root))
         self._fsync = bool(fsync)
         self._direct = bool(direct_io) and hasattr(os, "O_DIRECT")
+        #: ``copy_from`` copies in the kernel: None decides by the filesystem (on first use)
+        self._kernel_copy = None if kernel_copy is None else bool(kernel_copy)
         self._link_ok = True
         self._mappable: Optional[bool] = None   # map(): decided on first use
         self._batch = threading.local()          # .current: the SyncBatch of this thread
@@ -118,11 +146,13 @@ class LocalStorage(Storage):
             durable_on_return=self._fsync, multi_process=True)
 
     def __getstate__(self):
-        return {"root": self._root, "fsync": self._fsync, "direct_io": self._direct}
+        return {"root": self._root, "fsync": self._fsync, "direct_io": self._direct,
+                "kernel_copy": self._kernel_copy}
 
     def __setstate__(self, state):
         self.__init__(state["root"], fsync=state["fsync"],
-                      direct_io=state.get("direct_io", True))
+                      direct_io=state.get("direct_io", True),
+                      kernel_copy=state.get("kernel_copy"))
 
     def _abs(self, path: str, *, allow_root: bool = False) -> str:
         return os.path.join(self._root, *split_path(path, allow_root=allow_root))
@@ -386,6 +416,94 @@ class LocalStorage(Storage):
                 raise
             self._sync_dir(os.path.dirname(full))
 
+    def copy_from(self, src: Storage, src_path: str, dst_path: str, *,
+                  replace: bool = False) -> bool:
+        """A copy in the kernel when ``src`` is local disk too (``copy_file_range``, else
+        ``sendfile``, else read and write), published as :meth:`create_if_absent` publishes: a
+        temp file in the target's directory, fsynced, then linked (or, with ``replace``,
+        renamed) to its name, so nothing partial is ever under the name. False, with nothing
+        done, for another kind of storage, for files under ``KERNEL_COPY_MIN`` bytes, and
+        (unless the storage was made with ``kernel_copy=True``) on a filesystem where the
+        kernel's copy would move every page through the page cache (see ``_OFFLOAD_COPY_FS``).
+
+        Why: where the filesystem reflinks or copies on the server, a replica copy between two
+        log dirs need not read every byte into this process and write it out again. As with
+        any ``copy_from`` the copy is whole, not proven sound: the replica copier walks the
+        batches of the source the kernel copied (through :meth:`map`) or of the copy, and
+        deletes the copy if a check fails.
+        """
+        if not isinstance(src, LocalStorage):
+            return False
+        if self._kernel_copy is None:
+            self._kernel_copy = _copy_offloads(self._root)
+        if not self._kernel_copy:
+            return False
+        full, where = self._abs(dst_path), self._where(dst_path)
+        source = src._abs(src_path)
+        with storage_errors("create", where):
+            try:
+                sfd = os.open(source, os.O_RDONLY)
+            except FileNotFoundError:
+                raise StorageNotFoundError(f"copy {src._where(src_path)}: not found") from None
+            try:
+                size = os.fstat(sfd).st_size
+                if size < KERNEL_COPY_MIN:
+                    return False
+                if not replace and os.path.lexists(full):  # early out; the link decides
+                    raise AlreadyExistsError(f"create {where}: already exists")
+                directory, name = os.path.split(full)
+                ensure_dir(directory)
+                tmp = os.path.join(directory, temp_name_for(name))
+                deferred = not self._sync_now()   # inside a SyncBatch job
+                self._copy_into(sfd, tmp, size, src._where(src_path), not deferred)
+            finally:
+                os.close(sfd)
+            try:
+                self._link_temp(tmp, full, where, replace)
+            finally:
+                unlink_quietly(tmp)
+            if not (deferred and self._synced_later(full)):
+                self._sync_dir(directory)
+        return True
+
+    def _copy_into(self, sfd: int, tmp: str, size: int, where: str, sync: bool) -> None:
+        """Create ``tmp`` as a copy of ``sfd``'s first ``size`` bytes, synced with ``sync``;
+        nothing is left on failure."""
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _kernel_copy(sfd, fd, 0, size, where)
+            if self._fsync and sync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            unlink_quietly(tmp)
+            raise
+        os.close(fd)
+
+    def _link_temp(self, tmp: str, full: str, where: str, replace: bool) -> None:
+        """Give the complete temp file ``tmp`` the name ``full``: a link (refused when the
+        name is taken: ``AlreadyExistsError``) or with ``replace`` an atomic rename over it.
+        Without hard links: an existence check, then a rename (not atomic against a
+        concurrent creator; ``guarantees`` says so)."""
+        if self._link_ok:
+            try:
+                os.link(tmp, full)
+                return
+            except FileExistsError:
+                if not replace:
+                    raise AlreadyExistsError(f"create {where}: already exists") from None
+                os.replace(tmp, full)
+                return
+            except OSError as e:
+                if e.errno not in NO_LINK_ERRNOS:
+                    raise
+                log.warning("%s: hard links unsupported (%s); create_if_absent falls back to "
+                            "O_EXCL and is no longer all-or-nothing", self.url, e)
+                self._link_ok = False
+        if not replace and os.path.lexists(full):
+            raise AlreadyExistsError(f"create {where}: already exists")
+        os.replace(tmp, full)
+
     def replace_many(self, contents) -> None:
         """Many small files replaced with two barriers in all instead of two fsyncs each: every
         temp file is written, then made durable (one ``syncfs`` past ``SyncBatch.SYNCFS_FILES``
@@ -547,6 +665,48 @@ class SyncBatch:
             self.files, self.dirs = [], set()
         with storage_errors("sync", self._storage.url):
             self._storage._barrier(files, dirs)
+
+
+def _kernel_copy(sfd: int, dfd: int, start: int, end: int, where: str, *,
+                 fallback: bool = True) -> int:
+    """Copy bytes ``[start, end)`` of ``sfd`` to the same place in ``dfd`` without passing
+    them through this process: ``copy_file_range`` (which also reflinks where the filesystem
+    can); where the kernel refuses it (across filesystems before Linux 5.3, some network and
+    FUSE filesystems, an O_DIRECT target it cannot write) ``sendfile``, then a read and write
+    loop, or with ``fallback=False`` nothing (``start`` is returned). Returns ``end``; raises
+    when the source ends early (it changed meanwhile). The GIL is released throughout."""
+    pos = start
+    how = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
+    if how != "copy_file_range" and not fallback:
+        return start
+    while pos < end:
+        n = min(end - pos, 1 << 30)
+        try:
+            if how == "copy_file_range":
+                k = os.copy_file_range(sfd, dfd, n, pos, pos)
+            elif how == "sendfile":
+                os.lseek(dfd, pos, os.SEEK_SET)
+                k = os.sendfile(dfd, sfd, pos, n)
+            else:
+                data = os.pread(sfd, min(n, 8 << 20), pos)
+                k = os.pwrite(dfd, data, pos) if data else 0
+        except OSError as e:
+            if pos != start or how == "read" or e.errno not in _NO_KERNEL_COPY_ERRNOS:
+                raise
+            if not fallback:
+                return start
+            how = "sendfile" if how == "copy_file_range" and hasattr(os, "sendfile") else "read"
+            continue
+        if k == 0:
+            raise KafkaStorageError(f"copy {where}: ended at {pos} of {end} bytes "
+                                    "(changed during the copy)")
+        pos += k
+    return pos
+
+
+_NO_KERNEL_COPY_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("EXDEV", "ENOSYS", "EINVAL", "EOPNOTSUPP", "ENOTSUP",
+                                      "EPERM", "EBADF", "ETXTBSY") if hasattr(errno, name))
 
 
 _LIBC = None
