@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import random
 import shutil
+
+import pytest
 from pathlib import Path
 
 from pyspark_kafkalog.admin import Admin
@@ -138,14 +140,23 @@ def test_a_lost_follower_leaves_the_isr_and_min_isr_freezes_the_high_watermark(t
     ps = admin.cluster.state().partition("t", 0)
     assert ps.high_watermark == 6 < ps.last_stable_offset == 9   # below min ISR: frozen
     assert len(seen(admin)) == 6
+    # the case: min.insync.replicas=2 and one replica down. acks=all fails with
+    # NOT_ENOUGH_REPLICAS and nothing is reserved or shows; acks=1 succeeds (and waits to show)
+    from pyspark_kafkalog.errors import NotEnoughReplicasError
+    with pytest.raises(NotEnoughReplicasError) as refused:
+        produce(admin, 1, 90, acks="all")
+    assert refused.value.error_code == 19
+    assert admin.cluster.state().partition("t", 0).next_offset == 9
+    assert [m.offset for m in produce(admin, 1, 9, acks="1")] == [9]
+    assert len(seen(admin)) == 6
 
     moved.rename(second)                                  # the root comes back
     rep.tick()
     assert rep_state(admin)["joining"] == ["logdir-1"]
     rep.tick()
     r = rep_state(admin)
-    assert r["isr"] == ["logdir-0", "logdir-1"] and r["high_watermark"] == 9
-    assert seen(admin) == [b"v%d" % i for i in range(9)]
+    assert r["isr"] == ["logdir-0", "logdir-1"] and r["high_watermark"] == 10
+    assert seen(admin) == [b"v%d" % i for i in range(10)]
 
 
 def test_with_min_isr_1_a_lost_follower_stops_holding_back_the_high_watermark(tmp_path):

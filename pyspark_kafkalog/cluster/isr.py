@@ -138,7 +138,8 @@ def check_progress(ps: PartitionState, replicas: Sequence[str],
 def apply_progress(ps: PartitionState, ranges: Dict[str, list]) -> None:
     held = dict(ps.replication["held"])
     for log_dir, rs in ranges.items():
-        held[log_dir] = _bridge_gaps(ps, merge_ranges(held.get(log_dir, []) + [list(r) for r in rs]))
+        merged = merge_ranges(held.get(log_dir, []) + [list(r) for r in rs])
+        held[log_dir] = _bridge_gaps(ps, merged)
     ps.replication = dict(ps.replication, held=held)
     clip_held(ps)
 
