@@ -363,7 +363,8 @@ def test_the_example_coordinator_config_is_what_the_service_takes(cluster, tmp_p
                     "on_fenced": "standby", "maintenance": True,
                     "maintenance_config": SchedulerConfig(), "replication": True,
                     "replica_lag_time_max_ms": 30_000, "replica_fetch_wait_max_ms": 500,
-                    "broker_session_timeout_ms": 9_000, "num_replica_fetchers": 4}
+                    "broker_session_timeout_ms": 9_000, "num_replica_fetchers": 4,
+                    "quota_window_num": 11, "quota_window_size_s": 1}
     c = Coordinator(cluster, token=TOKEN, **opts)
     assert (c.bind, c.lease_ms, c.on_fenced) == ("127.0.0.1:0", 10_000, "standby")
     assert c.replicator.replica_lag_time_max_ms == 30_000
@@ -372,6 +373,12 @@ def test_the_example_coordinator_config_is_what_the_service_takes(cluster, tmp_p
         coordinator_options({"coordinator.lease": "5"})
     with pytest.raises(InvalidConfigError, match="integer"):
         coordinator_options({"coordinator.lease.ms": "soon"})
+    assert coordinator_options({"quota.producer.default": "1e6"}) == {
+        "quota_producer_default": 1e6}
+    with pytest.raises(InvalidConfigError, match="number"):
+        coordinator_options({"quota.consumer.default": "fast"})
+    with pytest.raises(InvalidConfigError, match="quota.producer.default"):
+        Coordinator(cluster, token=TOKEN, quota_producer_default=0.0)
 
 
 def test_kill_9_of_the_active_coordinator_lets_the_standby_take_over(url, cluster, token_file,

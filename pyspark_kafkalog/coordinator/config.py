@@ -26,7 +26,11 @@ KEYS = {"coordinator.bind": ("bind", str),
         "replica.lag.time.max.ms": ("replica_lag_time_max_ms", int),
         "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", int),
         "broker.session.timeout.ms": ("broker_session_timeout_ms", int),
-        "num.replica.fetchers": ("num_replica_fetchers", int)}
+        "num.replica.fetchers": ("num_replica_fetchers", int),
+        "quota.producer.default": ("quota_producer_default", float),
+        "quota.consumer.default": ("quota_consumer_default", float),
+        "quota.window.num": ("quota_window_num", int),
+        "quota.window.size.seconds": ("quota_window_size_s", int)}
 #: every key the file may hold
 ALL_KEYS = frozenset(KEYS) | MAINTENANCE_KEYS
 
@@ -53,6 +57,11 @@ def coordinator_options(props: Mapping[str, str]) -> Dict[str, Any]:
                 value = int(value)
             except ValueError:
                 raise InvalidConfigError(f"{key} must be an integer, got {value!r}") from None
+        elif kind is float:
+            try:
+                value = float(value)
+            except ValueError:
+                raise InvalidConfigError(f"{key} must be a number, got {value!r}") from None
         elif kind is bool:                 # as Kafka's ConfigDef reads a BOOLEAN
             if value.lower() not in ("true", "false"):
                 raise InvalidConfigError(f"{key} must be true or false, got {value!r}")

@@ -58,6 +58,12 @@ class CoordinatorMetrics:
                                             "server_side, existing)", ["mode"], registry=r)
         self.replication_bytes = Counter(f"{PREFIX}_replication_bytes", "Bytes of segments "
                                          "copied to followers", registry=r)
+        self.client_bytes = Counter(f"{PREFIX}_client_bytes", "Bytes clients reported, by client "
+                                    "id and kind (produce, fetch)", ["client_id", "kind"],
+                                    registry=r)
+        self.client_throttle = Counter(f"{PREFIX}_client_throttle_seconds", "Throttle time "
+                                       "given to clients over their quota, by client id and kind",
+                                       ["client_id", "kind"], registry=r)
         self.auth_failures = Counter(f"{PREFIX}_rpc_authentication_failures",
                                      "RPC calls refused for a missing or wrong token",
                                      registry=r)
@@ -95,19 +101,32 @@ class CoordinatorMetrics:
         self.isr_shrinks.inc(result.isr_shrinks)
         self.isr_expands.inc(result.isr_expands)
 
+    def count_usage(self, client_id: str, kind: str, nbytes: int, delay_s: float) -> None:
+        self.client_bytes.labels(client_id=client_id, kind=kind).inc(nbytes)
+        if delay_s > 0:
+            self.client_throttle.labels(client_id=client_id, kind=kind).inc(delay_s)
+
     def summary(self) -> Dict[str, object]:
         """The current values, for the Status RPC: by their names without the prefix (and
-        ``_total``), the maintenance counters as ``{kind: count}``."""
+        ``_total``), the maintenance counters as ``{kind: count}``, the per-client ones as
+        ``{client_id: {kind: value}}``."""
         out: Dict[str, object] = {}
         for family in self.registry.collect():
             short = family.name[len(PREFIX) + 1:]
-            if family.name.startswith(f"{PREFIX}_maintenance_") or short == _BY_ISR_SIZE[0]:
+            if family.name.startswith(f"{PREFIX}_maintenance_") or short == _BY_ISR_SIZE[0] \
+                    or family.name.startswith(f"{PREFIX}_client_") \
+                    or family.name.startswith(f"{PREFIX}_replication_segments"):
                 out[short] = {}
             for sample in family.samples:
                 if sample.name.endswith("_created"):
                     continue
                 value = int(sample.value) if float(sample.value).is_integer() else sample.value
-                if "kind" in sample.labels:
+                if "client_id" in sample.labels:
+                    out[short].setdefault(sample.labels["client_id"], {})[
+                        sample.labels["kind"]] = value
+                elif "mode" in sample.labels:
+                    out[short][sample.labels["mode"]] = value
+                elif "kind" in sample.labels:
                     out[short][sample.labels["kind"]] = value
                 elif "size" in sample.labels:    # partitions_by_isr_size: {size: count}
                     out[short][int(sample.labels["size"])] = value

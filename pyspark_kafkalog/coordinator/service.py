@@ -32,12 +32,15 @@ import time
 from typing import Callable, List, Mapping, Optional, Sequence, Union
 
 from ..cluster.cluster import replication_summary
+from ..cluster.quotas import FETCH, PRODUCE
 from ..cluster.lease import (CoordinatorLease, acquire, current_lease, new_holder_id, release,
                              renew)
 from ..errors import (CoordinatorLeaseHeldError, FencedCoordinatorError, InvalidConfigError,
                       KafkaLogError)
 from .auth import resolve_token
 from .metrics import CoordinatorMetrics, metrics_url
+from .quota_manager import DEFAULT_WINDOW_NUM, DEFAULT_WINDOW_SIZE_S
+from .quota_service import QuotaService
 from .replicator import (DEFAULT_BROKER_SESSION_TIMEOUT_MS, DEFAULT_REPLICA_LAG_TIME_MAX_MS,
                          Replicator)
 from .rpc import RpcServer
@@ -116,7 +119,11 @@ class Coordinator:
                  replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
                  replica_fetch_wait_max_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MAX_MS,
                  broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
-                 num_replica_fetchers: int = 4):
+                 num_replica_fetchers: int = 4,
+                 quota_producer_default: Optional[float] = None,
+                 quota_consumer_default: Optional[float] = None,
+                 quota_window_num: int = DEFAULT_WINDOW_NUM,
+                 quota_window_size_s: int = int(DEFAULT_WINDOW_SIZE_S)):
         """``maintenance``: run the scheduled maintenance (default); ``maintenance_config``: its
         settings, a ``SchedulerConfig`` or properties (default: Kafka's intervals).
         ``replication``: copy to followers and keep the ISR (docs/protocol.md §1.3), enabling
@@ -174,7 +181,22 @@ class Coordinator:
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._rpc: Optional[RpcServer] = None
-        self._methods = {"Status": (self._status, False), "Ping": (self._ping, False)}
+        for name, value in (("quota.producer.default", quota_producer_default),
+                            ("quota.consumer.default", quota_consumer_default)):
+            if value is not None and not value > 0:
+                raise InvalidConfigError(f"{name} must be > 0 bytes per second, got {value!r}")
+        if quota_window_num < 2 or quota_window_size_s < 1:
+            raise InvalidConfigError("quota.window.num must be >= 2 and "
+                                     "quota.window.size.seconds >= 1")
+        #: client quotas (KIP-13): the RecordUsage method's arithmetic and settings
+        self.quotas = QuotaService(
+            cluster, defaults={k: v for k, v in ((PRODUCE, quota_producer_default),
+                                                 (FETCH, quota_consumer_default))
+                               if v is not None},
+            window_num=quota_window_num, window_size_s=quota_window_size_s,
+            on_usage=self.metrics.count_usage)
+        self._methods = {"Status": (self._status, False), "Ping": (self._ping, False),
+                         "RecordUsage": (self.quotas.record_usage, True)}
         self._started_at: Optional[float] = None
         self._closed = False
 
