@@ -21,6 +21,7 @@ from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
 from . import actions as A
 from . import isr as R
+from .replication_replay import ReplicationReplay
 from . import quotas as Q
 from .features import (CLIENT_QUOTAS, COORDINATOR_LEASE, LOG_DIR_REGISTRY, REPLICATION,
                        STREAMING_SINK, check_readable, unknown_features)
@@ -44,7 +45,7 @@ def chunk_of(partition: int) -> int:
     return partition // PARTITIONS_PER_PART
 
 
-class ClusterState:
+class ClusterState(ReplicationReplay):
     def __init__(self):
         self.seq = -1
         self.timestamp = -1
@@ -322,172 +323,6 @@ class ClusterState:
             self._new_partition(tp_key(topic, p))
             self._start_replication(topic, p)
         return A.Result()
-
-    def _start_replication(self, topic: str, p: int) -> None:
-        """A partition with more than one replica is replicated once the cluster has the
-        feature ``replication`` (§1.3); before it, and with one replica, its high watermark is
-        its last stable offset."""
-        replicas = self.topics[topic]["replicas"][p]
-        key = tp_key(topic, p)
-        if REPLICATION in self.reader_features and len(replicas) > 1 \
-                and self.partitions[key].replication is None:
-            ps = self._partition_w(key)
-            ps.replication = R.new_replication(ps, replicas[0])
-
-    def _refresh_hw(self, key: str) -> None:
-        """Recompute a replicated partition's high watermark after a change (§1.3); the caller
-        has taken the partition for writing."""
-        ps = self.partitions[key]
-        if ps.replication is None:
-            return
-        topic, p = split_key(key)
-        info = self.topics[topic]
-        R.recompute_high_watermark(ps, info["replicas"][p],
-                                   self.topic_config(topic).min_insync_replicas)
-
-    def _acks_all_problem(self, key: str, start: int, end: int, *, appended: bool):
-        ps = self.partitions.get(key)
-        if ps is None or ps.replication is None:
-            return None
-        topic, p = split_key(key)
-        return R.acks_all_problem(ps, self.topics[topic]["replicas"][p],
-                                  self.topic_config(topic).min_insync_replicas, start, end,
-                                  appended=appended)
-
-    def _elect_leader(self, a: A.ElectLeader, ts: int) -> A.Result:
-        """A new leader per partition (§1.3): truncates what it lacks, aborts the partition's
-        open txns (their writers wrote to the old leader)."""
-        if REPLICATION not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"elect_leader needs the feature {REPLICATION}")
-        if a.election not in R.ELECTIONS:
-            return A.error("INVALID_REQUEST", f"election {a.election!r:.20} is not one of "
-                           f"{', '.join(R.ELECTIONS)}")
-        out: Dict[str, A.Result] = {}
-        for key, change in a.partitions.items():
-            topic, p = split_key(key)
-            bad = self._replicated(key, a.topic_ids)
-            if bad is None:
-                why = R.check_election(self.partitions[key], self.topics[topic]["replicas"][p],
-                                       change["partition_epoch"], change["leader"], a.election,
-                                       self.topic_config(topic).unclean_leader_election)
-                bad = None if why is None else A.error(*why)
-            if bad is not None:
-                out[key] = bad
-                continue
-            ps = self._partition_w(key)
-            R.apply_election(ps, change["leader"], a.election)
-            doomed = sorted(ps.open)
-            if doomed:
-                self._abort(A.Abort(txns=doomed, reason="leader_election"), ts)
-            self._refresh_hw(key)
-            out[key] = A.Result()
-        return A.PartitionsResult(partitions=out)
-
-    def _reassign_partitions(self, a: A.ReassignPartitions, ts: int) -> A.Result:
-        """Targets per partition (§1.3): the new ones join the replicas as followers; the
-        coordinator copies to them and completes the reassignment once they are in sync."""
-        if REPLICATION not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"reassign_partitions needs the feature "
-                           f"{REPLICATION}")
-        out: Dict[str, A.Result] = {}
-        for key, targets in a.partitions.items():
-            topic, p = split_key(key)
-            ps = self.partitions.get(key)
-            if ps is None or self.topics[topic]["topic_id"] != a.topic_ids.get(topic):
-                out[key] = A.error("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key} of topic "
-                                   f"id {a.topic_ids.get(topic)}")
-                continue
-            why = R.check_reassign(ps, targets)
-            if why is not None:
-                out[key] = A.error(*why)
-                continue
-            info = self._topic_w(topic)
-            current = info["replicas"][p]
-            replicas = list(info["replicas"])
-            if set(targets) == set(current):       # only the order (the preferred leader)
-                replicas[p] = list(targets)
-            else:
-                replicas[p] = list(current) + [t for t in targets if t not in current]
-                ps = self._partition_w(key)
-                if ps.replication is None:
-                    ps.replication = R.new_replication(ps, current[0])
-                ps.replication = dict(ps.replication, target=list(targets))
-            info["replicas"] = replicas
-            out[key] = A.Result()
-        return A.PartitionsResult(partitions=out)
-
-    def _complete_reassignment(self, a: A.CompleteReassignment, ts: int) -> A.Result:
-        if REPLICATION not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"complete_reassignment needs the feature "
-                           f"{REPLICATION}")
-        out: Dict[str, A.Result] = {}
-        for key, change in a.partitions.items():
-            topic, p = split_key(key)
-            bad = self._replicated(key, a.topic_ids)
-            if bad is None:
-                why = R.check_complete(self.partitions[key], change["partition_epoch"])
-                bad = None if why is None else A.error(*why)
-            if bad is not None:
-                out[key] = bad
-                continue
-            replicas = R.apply_complete(self._partition_w(key))
-            info = self._topic_w(topic)
-            info["replicas"] = [replicas if i == p else r for i, r in enumerate(info["replicas"])]
-            self._refresh_hw(key)
-            out[key] = A.Result()
-        return A.PartitionsResult(partitions=out)
-
-    def _replicated(self, key: str, topic_ids: Dict[str, str]) -> Optional[A.Result]:
-        """Why a coordinator's replication action cannot apply to one partition, or None."""
-        topic, _ = split_key(key)
-        ps = self.partitions.get(key)
-        if ps is None or self.topics[topic]["topic_id"] != topic_ids.get(topic):
-            return A.error("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {key} of topic id "
-                           f"{topic_ids.get(topic)}")
-        if ps.replication is None:
-            return A.error("INVALID_REQUEST", f"{key} is not replicated")
-        return None
-
-    def _replica_progress(self, a: A.ReplicaProgress, ts: int) -> A.Result:
-        """Ranges copied to followers and checked (§1.3): valid partitions apply."""
-        if REPLICATION not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"replica_progress needs the feature {REPLICATION}")
-        out: Dict[str, A.Result] = {}
-        for key, ranges in a.partitions.items():
-            topic, p = split_key(key)
-            bad = self._replicated(key, a.topic_ids)
-            if bad is None:
-                why = R.check_progress(self.partitions[key], self.topics[topic]["replicas"][p],
-                                       ranges)
-                bad = None if why is None else A.error("INVALID_REQUEST", why)
-            if bad is not None:
-                out[key] = bad
-                continue
-            R.apply_progress(self._partition_w(key), ranges)
-            self._refresh_hw(key)
-            out[key] = A.Result()
-        return A.PartitionsResult(partitions=out)
-
-    def _alter_isr(self, a: A.AlterIsr, ts: int) -> A.Result:
-        """Kafka's AlterPartition (§1.3): valid partitions apply, each under its epoch."""
-        if REPLICATION not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"alter_isr needs the feature {REPLICATION}")
-        out: Dict[str, A.Result] = {}
-        for key, change in a.partitions.items():
-            topic, p = split_key(key)
-            bad = self._replicated(key, a.topic_ids)
-            if bad is None:
-                why = R.check_isr_change(self.partitions[key], self.topics[topic]["replicas"][p],
-                                         change["partition_epoch"], change["isr"],
-                                         change["joining"])
-                bad = None if why is None else A.error(*why)
-            if bad is not None:
-                out[key] = bad
-                continue
-            R.apply_isr_change(self._partition_w(key), change["isr"], change["joining"])
-            self._refresh_hw(key)
-            out[key] = A.Result()
-        return A.PartitionsResult(partitions=out)
 
     def _duplicate_replicas(self, replicas: List[List[str]]) -> Optional[str]:
         """Two replicas of one partition in one log dir (§1.2). Checked only once the cluster has
