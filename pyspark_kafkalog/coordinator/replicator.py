@@ -123,24 +123,19 @@ class Replicator:
         state = self._elect(epoch, state, offline, result)
         lso_seen: Dict[str, int] = {}
         topic_ids: Dict[str, str] = {}
-        for topic, info in state.topics.items():
-            for p, replicas in enumerate(info["replicas"]):
-                key = tp_key(topic, p)
-                ps = state.partitions.get(key)
-                if ps is None or ps.replication is None:
-                    continue
-                lso_seen[key] = ps.last_stable_offset
-                leader = ps.replication["leader"]
-                if leader in offline:
-                    continue
-                urgent = _open_acks_all(state, key)
-                members = ps.replication["isr"] + ps.replication["joining"]
-                behind = [r for r in replicas if r != leader and r not in offline
-                          and (replica_end(ps, r) < ps.last_stable_offset
-                               or (urgent and r in members))]
-                if behind:
-                    topic_ids[topic] = info["topic_id"]
-                    self._copy_partition(state, topic, p, leader, behind, urgent, result)
+        for topic, info, p, replicas, key, ps in _replicated(state):
+            lso_seen[key] = ps.last_stable_offset
+            leader = ps.replication["leader"]
+            if leader in offline:
+                continue
+            urgent = _open_acks_all(state, key)
+            members = ps.replication["isr"] + ps.replication["joining"]
+            behind = [r for r in replicas if r != leader and r not in offline
+                      and (replica_end(ps, r) < ps.last_stable_offset
+                           or (urgent and r in members))]
+            if behind:
+                topic_ids[topic] = info["topic_id"]
+                self._copy_partition(state, topic, p, leader, behind, urgent, result)
         after = state
         if result.progress:
             self._confirm(state, result)
@@ -168,22 +163,19 @@ class Replicator:
         moves: Dict[str, dict] = {}
         done: Dict[str, dict] = {}
         topic_ids: Dict[str, str] = {}
-        for topic, info in state.topics.items():
-            for p, replicas in enumerate(info["replicas"]):
-                key = tp_key(topic, p)
-                ps = state.partitions.get(key)
-                rep = ps.replication if ps is not None else None
-                if rep is None or "target" not in rep:
-                    continue
-                if any(t not in rep["isr"] for t in rep["target"]):
-                    continue
-                topic_ids[topic] = info["topic_id"]
-                if rep["leader"] in rep["target"]:
-                    done[key] = {"partition_epoch": rep["partition_epoch"]}
-                    continue
-                ready = [t for t in rep["target"] if replica_end(ps, t) >= ps.last_stable_offset]
-                if ready:   # one that holds it all, so that the move truncates nothing
-                    moves[key] = {"partition_epoch": rep["partition_epoch"], "leader": ready[0]}
+        for topic, info, p, replicas, key, ps in _replicated(state):
+            rep = ps.replication
+            if "target" not in rep:
+                continue
+            if any(t not in rep["isr"] for t in rep["target"]):
+                continue
+            topic_ids[topic] = info["topic_id"]
+            if rep["leader"] in rep["target"]:
+                done[key] = {"partition_epoch": rep["partition_epoch"]}
+                continue
+            ready = [t for t in rep["target"] if replica_end(ps, t) >= ps.last_stable_offset]
+            if ready:   # one that holds it all, so that the move truncates nothing
+                moves[key] = {"partition_epoch": rep["partition_epoch"], "leader": ready[0]}
         if moves:
             state = self._submit(A.ElectLeader(coordinator_epoch=epoch, topic_ids=topic_ids,
                                                election="reassign", partitions=moves), result)
@@ -287,31 +279,26 @@ class Replicator:
         it, the online replica that holds most (unclean)."""
         by_kind: Dict[str, Dict[str, dict]] = {"offline": {}, "unclean": {}}
         topic_ids: Dict[str, str] = {}
-        for topic, info in state.topics.items():
-            for p, replicas in enumerate(info["replicas"]):
-                key = tp_key(topic, p)
-                ps = state.partitions.get(key)
-                if ps is None or ps.replication is None:
-                    continue
-                rep = ps.replication
-                if rep["leader"] not in self._offline:
-                    continue
-                live = [r for r in replicas if r not in unreadable]
-                clean = [r for r in live if r in rep["isr"]]
-                if clean:
-                    kind, leader = "offline", clean[0]
-                elif live and state.topic_config(topic).unclean_leader_election:
-                    kind, leader = "unclean", max(live, key=lambda r: replica_end(ps, r))
-                else:
-                    if key not in self._stuck:
-                        log.error("replication: %s has no eligible leader (leader %s offline, "
-                                  "ISR %s); it waits for its log dir", key, rep["leader"],
-                                  rep["isr"])
-                        self._stuck.add(key)
-                    continue
-                self._stuck.discard(key)
-                by_kind[kind][key] = {"partition_epoch": rep["partition_epoch"], "leader": leader}
-                topic_ids[topic] = info["topic_id"]
+        for topic, info, p, replicas, key, ps in _replicated(state):
+            rep = ps.replication
+            if rep["leader"] not in self._offline:
+                continue
+            live = [r for r in replicas if r not in unreadable]
+            clean = [r for r in live if r in rep["isr"]]
+            if clean:
+                kind, leader = "offline", clean[0]
+            elif live and state.topic_config(topic).unclean_leader_election:
+                kind, leader = "unclean", max(live, key=lambda r: replica_end(ps, r))
+            else:
+                if key not in self._stuck:
+                    log.error("replication: %s has no eligible leader (leader %s offline, "
+                              "ISR %s); it waits for its log dir", key, rep["leader"],
+                              rep["isr"])
+                    self._stuck.add(key)
+                continue
+            self._stuck.discard(key)
+            by_kind[kind][key] = {"partition_epoch": rep["partition_epoch"], "leader": leader}
+            topic_ids[topic] = info["topic_id"]
         for kind, parts in by_kind.items():
             if parts:
                 log.warning("replication: %s leader election for %s", kind, parts)
@@ -399,38 +386,33 @@ class Replicator:
         changes: Dict[str, dict] = {}
         topic_ids: Dict[str, str] = {}
         lag = self.replica_lag_time_max_ms
-        for topic, info in state.topics.items():
-            for p, replicas in enumerate(info["replicas"]):
-                key = tp_key(topic, p)
-                ps = state.partitions.get(key)
-                if ps is None or ps.replication is None:
+        for topic, info, p, replicas, key, ps in _replicated(state):
+            rep = ps.replication
+            leader = rep["leader"]
+            isr, joining = list(rep["isr"]), list(rep["joining"])
+            for r in replicas:
+                if r == leader:
                     continue
-                rep = ps.replication
-                leader = rep["leader"]
-                isr, joining = list(rep["isr"]), list(rep["joining"])
-                for r in replicas:
-                    if r == leader:
-                        continue
-                    fresh = now - self._caught_up.get((key, r), -(1 << 62)) <= lag
-                    if r in isr or r in joining:
-                        if not fresh:
-                            (isr if r in isr else joining).remove(r)
-                    elif fresh and r not in unreadable and self._clean_returning(state, topic,
-                                                                                 p, r, result):
-                        joining.append(r)
-                for r in list(joining):
-                    if r in rep["joining"] and replica_end(ps, r) >= rep["high_watermark"]:
-                        joining.remove(r)
-                        isr.append(r)
-                if isr != rep["isr"] or joining != rep["joining"]:
-                    result.isr_shrinks += len(set(rep["isr"]) - set(isr))
-                    result.isr_expands += len(set(isr) - set(rep["isr"]))
-                    order = {r: i for i, r in enumerate(replicas)}
-                    order[leader] = -1
-                    changes[key] = {"partition_epoch": rep["partition_epoch"],
-                                    "isr": sorted(isr, key=order.get),
-                                    "joining": sorted(joining, key=order.get)}
-                    topic_ids[topic] = info["topic_id"]
+                fresh = now - self._caught_up.get((key, r), -(1 << 62)) <= lag
+                if r in isr or r in joining:
+                    if not fresh:
+                        (isr if r in isr else joining).remove(r)
+                elif fresh and r not in unreadable and self._clean_returning(state, topic,
+                                                                             p, r, result):
+                    joining.append(r)
+            for r in list(joining):
+                if r in rep["joining"] and replica_end(ps, r) >= rep["high_watermark"]:
+                    joining.remove(r)
+                    isr.append(r)
+            if isr != rep["isr"] or joining != rep["joining"]:
+                result.isr_shrinks += len(set(rep["isr"]) - set(isr))
+                result.isr_expands += len(set(isr) - set(rep["isr"]))
+                order = {r: i for i, r in enumerate(replicas)}
+                order[leader] = -1
+                changes[key] = {"partition_epoch": rep["partition_epoch"],
+                                "isr": sorted(isr, key=order.get),
+                                "joining": sorted(joining, key=order.get)}
+                topic_ids[topic] = info["topic_id"]
         if changes:
             state = self._submit(A.AlterIsr(coordinator_epoch=epoch, topic_ids=topic_ids,
                                             partitions=changes), result)
@@ -482,32 +464,27 @@ class Replicator:
         epochs: Dict[str, bytes] = {}
         offsets: Dict[str, Dict[Tuple[str, int], Tuple[int, int]]] = {}
         leaders: List[Tuple[str, int]] = []
-        for topic, info in state.topics.items():
-            for p, replicas in enumerate(info["replicas"]):
-                key = tp_key(topic, p)
-                ps = state.partitions.get(key)
-                if ps is None or ps.replication is None:
+        for topic, info, p, replicas, key, ps in _replicated(state):
+            for r in replicas:
+                if r in offline:
                     continue
-                for r in replicas:
-                    if r in offline:
-                        continue
-                    is_leader = r == ps.replication["leader"]
-                    end = ps.high_watermark if is_leader else min(ps.high_watermark,
-                                                                  replica_end(ps, r))
-                    if not is_leader and not ps.replication["held"].get(r):
-                        continue   # nothing copied there yet: no files to describe
-                    entries = tuple((epoch, s) for epoch, s in ps.leader_epoch_entries()
-                                    if s < end)
-                    mark = (end, ps.log_start_offset, entries)
-                    if self._written.get((key, r)) == mark:
-                        continue
-                    self._written[(key, r)] = mark
-                    if is_leader:
-                        leaders.append((topic, p))
-                        continue
-                    path = f"{self.cluster.partition_dir(topic, p, r, state)}/{LEADER_EPOCH_FILE}"
-                    epochs[path] = ckpt.format_leader_epoch_checkpoint(list(entries)).encode()
-                    offsets.setdefault(r, {})[(topic, p)] = (end, ps.log_start_offset)
+                is_leader = r == ps.replication["leader"]
+                end = ps.high_watermark if is_leader else min(ps.high_watermark,
+                                                              replica_end(ps, r))
+                if not is_leader and not ps.replication["held"].get(r):
+                    continue   # nothing copied there yet: no files to describe
+                entries = tuple((epoch, s) for epoch, s in ps.leader_epoch_entries()
+                                if s < end)
+                mark = (end, ps.log_start_offset, entries)
+                if self._written.get((key, r)) == mark:
+                    continue
+                self._written[(key, r)] = mark
+                if is_leader:
+                    leaders.append((topic, p))
+                    continue
+                path = f"{self.cluster.partition_dir(topic, p, r, state)}/{LEADER_EPOCH_FILE}"
+                epochs[path] = ckpt.format_leader_epoch_checkpoint(list(entries)).encode()
+                offsets.setdefault(r, {})[(topic, p)] = (end, ps.log_start_offset)
         try:
             if leaders:
                 sync_checkpoints(self.cluster, state, leaders)
@@ -521,6 +498,17 @@ class Replicator:
         except KafkaLogError as exc:   # derived files: the next change (or maintenance) redoes
             self._written.clear()
             log.warning("replication: derived files not written: %s", exc)
+
+
+def _replicated(state):
+    """``(topic, info, partition, replicas, key, partition state)`` of every replicated
+    partition, in the state's order."""
+    for topic, info in state.topics.items():
+        for p, replicas in enumerate(info["replicas"]):
+            key = tp_key(topic, p)
+            ps = state.partitions.get(key)
+            if ps is not None and ps.replication is not None:
+                yield topic, info, p, replicas, key, ps
 
 
 def _has_replicated_topic(state) -> bool:
