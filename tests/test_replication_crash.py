@@ -44,8 +44,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
+from coordinator_support import eventually as poll_until
 from procs.torture_common import complete_json_lines, make_key, value_for
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.cluster import Cluster
@@ -68,6 +67,10 @@ LAG_MS = 1500               # replica.lag.time.max.ms
 CATCH_UP_SLOW_MS = 2        # sleep after each 512 bytes a coordinator copies (test 1) ...
 TAIL_SLOW_MS = 1            # ... and in test 2
 DEADLINE_S = 180            # only against hangs; the machine may be shared
+
+
+def eventually(predicate, what: str, deadline_s: float = DEADLINE_S, describe=None):
+    return poll_until(predicate, what, deadline_s, describe, interval_s=0.1)
 SEGMENT = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 SEGMENT_CONFIG = {"segment.bytes": "4096", "index.interval.bytes": "512"}
 
@@ -141,17 +144,6 @@ class Coordinators:
 
     def self_kills(self) -> int:
         return sum("kills itself" in c.stderr_tail(1 << 20) for c in self.started)
-
-
-def eventually(predicate, what: str, deadline_s: float = DEADLINE_S, describe=lambda: ""):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"never happened within {deadline_s} s: {what}; {describe()}")
-        time.sleep(0.1)
 
 
 def serving_holder(c: Child):

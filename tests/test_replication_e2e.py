@@ -38,6 +38,7 @@ from pyspark_kafkalog.cluster.lease import acquire, new_holder_id
 from pyspark_kafkalog.coordinator.replicator import Replicator
 from pyspark_kafkalog.format.records import Record
 from pyspark_kafkalog.storage import open_storage
+from test_replication import Background
 from test_storage import BUCKET, moto_options  # noqa: F401  (a session fixture: a moto server)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -344,31 +345,6 @@ def test_the_leaders_files_follow_a_high_watermark_the_coordinator_moved(tmp_pat
         assert (d / "leader-epoch-checkpoint").read_text() == want
     assert LogDir(open_storage(str(tmp_path / "second"))).read_checkpoint(
         REPLICATION_CHECKPOINT)[("t", 0)] == 12
-
-
-class Background:
-    """The replicator stepped on a thread, as the coordinator's replication thread does."""
-
-    def __init__(self, rep):
-        import threading
-        self.rep, self.stop, self.errors = rep, threading.Event(), []
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self):
-        while not self.stop.wait(0.02):
-            try:
-                self.rep.tick()
-            except Exception as exc:   # noqa: BLE001 - the test asserts none happened
-                self.errors.append(exc)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-        assert not self.errors, self.errors
 
 
 # -- Spark, with a running coordinator -------------------------------------------------------------

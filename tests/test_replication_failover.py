@@ -53,6 +53,8 @@ from pathlib import Path
 
 import pytest
 
+from coordinator_support import eventually as poll_until
+
 from procs.torture_common import complete_json_lines, value_for
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.metadata_check import verify
@@ -116,16 +118,9 @@ class Child:
             return ""
 
 
-def eventually(predicate, what: str, deadline_s: float = DEADLINE_S, describe=lambda: "",
+def eventually(predicate, what: str, deadline_s: float = DEADLINE_S, describe=None,
                step: float = 0.05):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"never happened within {deadline_s} s: {what}; {describe()}")
-        time.sleep(step)
+    return poll_until(predicate, what, deadline_s, describe, interval_s=step)
 
 
 def coordinator(tmp: Path, name: str, url: str) -> Child:
