@@ -727,3 +727,20 @@ def test_end_to_end_with_the_spark_reader(ks, tmp_path):
                    for r in admin.consume("copy")), key=repr)
     assert copy == sorted(((r.partition, r.key, r.value, r.timestamp, r.headers)
                            for r in admin.consume("src")), key=repr)
+
+
+def test_writes_from_a_thread_pool_find_the_format(ks, tmp_path):
+    """PySpark 4.3 looks a Python data source up for a write in the calling thread's active
+    session; threads other than the session's own have none. ``register`` makes the writer's
+    session active for a kafkalog save, so a thread pool of writers works."""
+    from concurrent.futures import ThreadPoolExecutor
+    root = str(tmp_path / "c")
+    df = ks.range(0, 10).selectExpr("CAST(id AS STRING) AS key", "CAST('v' AS BINARY) AS value")
+    write(df, root, topic="t", createTopic="true")
+
+    def job(_):
+        df.write.format("kafkalog").option("topic", "t").save(root)   # default mode: append
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(job, range(4)))
+    latest = Admin(root, create=False).list_offsets({("t", 0): "latest"})
+    assert latest[("t", 0)].offset == 50

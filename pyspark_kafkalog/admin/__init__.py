@@ -29,6 +29,7 @@ from ..cluster.quotas import (DEFAULT_ENTITY as DEFAULT_QUOTA_ENTITY, QUOTA_CONF
                               parse_rate)
 from ..cluster.repair import LostRange, PartitionRepair, SegmentRepair, repair
 from ..coordinator.follow import DEFAULT_POLL_INTERVAL_MS, Follower
+from ..coordinator.quota_client import QuotaClient
 from ..errors import (InvalidConfigError, InvalidReplicaAssignmentError, InvalidRequestError,
                       UnknownTopicOrPartitionError, error_for)
 from ..format.records import DecodedRecord, Record
@@ -127,10 +128,26 @@ def _describe(raw: dict) -> TopicDescription:
 
 class Admin:
     def __init__(self, cluster: Union[str, Cluster], *, principal: Optional[str] = None,
-                 create: bool = True, **options):
+                 create: bool = True, client_id: Optional[str] = None,
+                 coordinator_token_file: Optional[str] = None, **options):
+        """``client_id``: Kafka's ``client.id``, whose quotas (KIP-13) :meth:`produce` and
+        :meth:`consume` count against (default: the empty client id, which shares the
+        ``<default>`` quota); the active coordinator enforces them, reached with
+        ``coordinator_token_file`` (else ``$KAFKALOG_COORDINATOR_TOKEN``)."""
         self.cluster = cluster if isinstance(cluster, Cluster) else Cluster(
             cluster, principal=principal, create=create, **options)
         self.groups = GroupStore(self.cluster.storage, guard=self.cluster.check_writable)
+        self.quota = QuotaClient(self.cluster, client_id, token_file=coordinator_token_file)
+
+    @property
+    def client_id(self) -> str:
+        return self.quota.client_id
+
+    def throttle_stats(self) -> Dict[str, object]:
+        """What this Admin's produce and consume calls waited for their quotas, with Kafka's
+        client metric names (``produce-throttle-time-max`` / ``-avg``,
+        ``fetch-throttle-time-max`` / ``-avg``, in ms)."""
+        return self.quota.summary()
 
     # -- topics -------------------------------------------------------------------------------
 
@@ -167,7 +184,8 @@ class Admin:
         recs = [r if isinstance(r, Record) else Record(*r) for r in records]
         if not recs:
             return []
-        placed = Producer(self.cluster, acks=acks, request_timeout_ms=request_timeout_ms
+        placed = Producer(self.cluster, acks=acks, request_timeout_ms=request_timeout_ms,
+                          quota=self.quota
                           ).produce(topic, recs, partition=partition, compression=compression)
         return [RecordMetadata(topic, p, o) for p, o in placed]
 
@@ -214,7 +232,7 @@ class Admin:
         options = dict(start=start, max_records=max_records, isolation_level=isolation_level,
                        group=group, enable_auto_commit=enable_auto_commit,
                        auto_commit_interval_ms=auto_commit_interval_ms,
-                       wrap=lambda p, r: _consumer_record(topic, p, r))
+                       wrap=lambda p, r: _consumer_record(topic, p, r), quota=self.quota)
         if not follow:
             if on_caught_up is not None or on_data_loss is not None:
                 raise InvalidConfigError("on_caught_up and on_data_loss need follow=True")

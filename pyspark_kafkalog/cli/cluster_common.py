@@ -142,7 +142,7 @@ def open_admin(args, command: str, *, create: bool = False):
                                  f"create one with: kafkalog --cluster {url} topics --create "
                                  "--topic NAME")
     from ..admin import Admin
-    return Admin(url, create=create, **options)
+    return Admin(url, create=create, client_id=getattr(args, "client_id", None), **options)
 
 
 # -- option checks ---------------------------------------------------------------------------

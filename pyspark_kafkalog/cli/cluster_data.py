@@ -65,7 +65,25 @@ def run_produce(args) -> int:
                            request_timeout_ms=args.request_timeout_ms)
     emit_rows(args, ACK_COLUMNS, [{"topic": a.topic, "partition": a.partition, "offset": a.offset}
                                   for a in placed])
+    report_throttle(args, admin)
     return 0
+
+
+def add_client_options(p) -> None:
+    """``--client-id`` and ``--verbose``, of produce (cluster mode) and consume."""
+    p.add_argument("--client-id", metavar="ID", default=None,
+                   help="Kafka's client.id: whose quotas (KIP-13) this counts against (default: "
+                        "the empty client id, which shares the <default> quota); the active "
+                        "coordinator enforces them (token: $KAFKALOG_COORDINATOR_TOKEN)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print to stderr at the end how long quotas throttled this client "
+                        "(Kafka's produce-/fetch-throttle-time-max and -avg, ms)")
+
+
+def report_throttle(args, admin) -> None:
+    if getattr(args, "verbose", False):
+        print("kafkalog: " + json.dumps(admin.throttle_stats(), sort_keys=True),
+              file=sys.stderr, flush=True)
 
 
 # -- consume ---------------------------------------------------------------------------------
@@ -108,6 +126,7 @@ def add_consume_parser(sub, parents) -> None:
     p.add_argument("--poll-interval-ms", type=int, metavar="MS",
                    help=f"with --follow: ask for new records this often (default "
                         f"{DEFAULT_POLL_INTERVAL_MS})")
+    add_client_options(p)
     p.set_defaults(run=run_consume)
 
 
@@ -149,6 +168,13 @@ def run_consume(args) -> int:
                                  "are per partition)")
     admin = open_admin(args, "consume")
     _check_partition(admin, args.topic, args.partition)
+    try:
+        return _consume(args, admin)
+    finally:
+        report_throttle(args, admin)
+
+
+def _consume(args, admin) -> int:
     out = sys.stdout
     interval = (COMMIT_INTERVAL_MS if args.commit_interval_ms is None
                 else args.commit_interval_ms) / 1000.0

@@ -63,6 +63,8 @@ def add_parser(sub, parents=()) -> None:
                        help="all or -1 (default): acknowledged once the ISR of each replicated "
                             "partition holds the records; 1: at the leader (docs/protocol.md "
                             "§1.3). 0 is not supported")
+    from .cluster_data import add_client_options
+    add_client_options(proto)
     proto.add_argument("--request-timeout-ms", type=int, default=None,
                        help="how long acks=all waits for the ISR (default 30000)")
     raw = p.add_argument_group("raw mode (--log-dir) only")
@@ -95,6 +97,9 @@ def dispatch(args) -> int:
                                          "how records are written")
         from .cluster_data import run_produce
         return run_produce(args)
+    if args.client_id is not None or args.verbose:
+        raise InvalidConfigError("--client-id and --verbose apply to --cluster only: a plain "
+                                 "Kafka log dir has no coordinator and no quotas")
     if args.partition is None:
         raise InvalidConfigError("produce --log-dir needs --partition P")
     for attr, (_, default) in RAW_ONLY.items():

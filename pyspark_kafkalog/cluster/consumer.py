@@ -71,7 +71,8 @@ def read_columns(view: PartitionView, start: int, end: Optional[int] = None, *,
 
 @names_damaged_segments
 def fetch_chunks(view: PartitionView, start: int, end: Optional[int] = None, *,
-                 max_bytes: int = FETCH_MAX_BYTES, max_records: int = DECODE_MAX_RECORDS
+                 max_bytes: int = FETCH_MAX_BYTES, max_records: int = DECODE_MAX_RECORDS,
+                 on_fetch: Optional[Callable[[int], object]] = None
                  ) -> Iterator[Tuple[List[DecodedRecord], int]]:
     """``(records, next offset)`` from ``start``: one fetch of at most ``max_bytes`` of log at a
     time, decoded a run of batches of about ``max_records`` records at a time.
@@ -80,6 +81,8 @@ def fetch_chunks(view: PartitionView, start: int, end: Optional[int] = None, *,
     (a megabyte of small records decodes to tens of thousands of objects). The next offset is
     the one after the last batch decoded, so a consumer's position moves past offsets that hold
     no record for it (control batches), as Kafka's does. A fetch that finds nothing ends it.
+    ``on_fetch(nbytes)`` is called after each fetch, before its records are handed out (where a
+    client over its fetch quota waits, KIP-13).
     """
     from ..format.batch import iter_headers
     from ..format.columnar import decode_records
@@ -93,6 +96,8 @@ def fetch_chunks(view: PartitionView, start: int, end: Optional[int] = None, *,
                                         f"deleted while being read ({exc})") from None
         if not data:
             return
+        if on_fetch is not None:
+            on_fetch(len(data))
         part_start, part_records, reached = 0, 0, offset - 1
         last = None
         for h in iter_headers(data):
@@ -156,7 +161,8 @@ class Consumer:
                  max_records: Optional[int] = None, isolation_level: str = "read_committed",
                  group: Optional[str] = None, enable_auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000, max_bytes: int = FETCH_MAX_BYTES,
-                 wrap: Callable[[int, DecodedRecord], object] = lambda p, r: r):
+                 wrap: Callable[[int, DecodedRecord], object] = lambda p, r: r,
+                 quota=None):
         if max_records is not None and max_records < 0:
             raise InvalidConfigError(f"max_records must be >= 0, got {max_records}")
         if auto_commit_interval_ms < 0:
@@ -183,6 +189,10 @@ class Consumer:
             self._plan.append((p, view, begin))
         self._left = max_records
         self._max_bytes = max_bytes
+        #: KIP-13: ``quota.fetched(nbytes)`` waits out the client's throttle time
+        #: (``coordinator.quota_client.QuotaClient``); None: not throttled
+        self.quota = quota
+        self._on_fetch = quota.fetched if quota is not None else None
         self._wrap = wrap
         self._auto = enable_auto_commit and group is not None
         self._interval = auto_commit_interval_ms / 1000.0
@@ -199,7 +209,8 @@ class Consumer:
             if self._left is not None and self._left <= 0:
                 return
             yield p, None, begin
-            for rows, next_offset in fetch_chunks(view, begin, max_bytes=self._max_bytes):
+            for rows, next_offset in fetch_chunks(view, begin, max_bytes=self._max_bytes,
+                                                  on_fetch=self._on_fetch):
                 for r in rows:
                     yield p, r, r.offset + 1
                     if self._left is not None:

@@ -80,10 +80,14 @@ def span(batches: Sequence[EncodedBatch]) -> int:
 
 class Producer:
     def __init__(self, cluster, *, transaction_timeout_ms: Optional[int] = None,
-                 acks=None, request_timeout_ms: Optional[int] = None):
+                 acks=None, request_timeout_ms: Optional[int] = None, quota=None):
         """``acks``: Kafka's producer setting, ``all`` (default) or ``1`` (docs/protocol.md
-        §1.3); ``request_timeout_ms``: how long an acks=all commit waits for the ISR."""
+        §1.3); ``request_timeout_ms``: how long an acks=all commit waits for the ISR.
+        ``quota``: KIP-13 throttling, ``quota.produced(nbytes)`` waiting out the client's
+        throttle time after a write is committed and before :meth:`send` returns (its
+        acknowledgement); ``coordinator.quota_client.QuotaClient``. None: not throttled."""
         self.cluster = cluster
+        self.quota = quota
         self.timeout_ms = transaction_timeout_ms or cluster.transaction_timeout_ms
         self.acks = parse_acks(acks)
         self.request_timeout_ms = request_timeout_ms
@@ -286,6 +290,8 @@ class Producer:
         """Reserve, write and commit in one call; returns (first, last) offset per partition."""
         pending = self.write(batches)
         self.commit([pending])
+        if self.quota is not None:
+            self.quota.produced(sum(len(b.data) for bs in batches.values() for b in bs))
         return pending.offsets()
 
 

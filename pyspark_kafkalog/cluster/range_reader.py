@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from ..errors import CorruptRecordError, OffsetOutOfRangeError, StorageNotFoundError
 from ..log.partition import raise_if_log_dir_away
@@ -271,9 +271,11 @@ def _damaged(handle, seg, exc: CorruptRecordError, position: Optional[int]):
 
 
 def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
-               stats: Optional[ReadStats] = None, max_bytes: int = DEFAULT_MAX_BYTES
-               ) -> Iterator:
-    """Yield Arrow record batches of ``task`` (a :class:`read_plan.ReadTask`)."""
+               stats: Optional[ReadStats] = None, max_bytes: int = DEFAULT_MAX_BYTES,
+               on_fetch: Optional[Callable[[int], object]] = None) -> Iterator:
+    """Yield Arrow record batches of ``task`` (a :class:`read_plan.ReadTask`).
+    ``on_fetch(nbytes)`` is called after each chunk is read and before it is decoded and handed
+    out: where a client over its fetch quota waits (KIP-13)."""
     schema = arrow_schema(include_headers)
     handle = task.handle
     name = f"{handle.topic}-{handle.partition}"
@@ -342,6 +344,8 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
             raise _damaged(handle, seg, CorruptRecordError(
                 f"offsets stop increasing at {last_offset} (reading from {offset})"), None)
         position = start_position + len(data)
+        if on_fetch is not None:
+            on_fetch(len(data))
         # whole batches, trimmed to [offset, end) afterwards as Arrow slices: the decoder's
         # own min/max trimming walks rows in Python
         try:

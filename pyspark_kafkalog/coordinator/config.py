@@ -30,7 +30,9 @@ KEYS = {"coordinator.bind": ("bind", str),
         "quota.producer.default": ("quota_producer_default", float),
         "quota.consumer.default": ("quota_consumer_default", float),
         "quota.window.num": ("quota_window_num", int),
-        "quota.window.size.seconds": ("quota_window_size_s", int)}
+        "quota.window.size.seconds": ("quota_window_size_s", int),
+        "max.incremental.fetch.session.cache.slots": ("max_incremental_fetch_session_cache_slots",
+                                                      int)}
 #: every key the file may hold
 ALL_KEYS = frozenset(KEYS) | MAINTENANCE_KEYS
 

@@ -28,10 +28,11 @@ def describe(lease, now_ms: int) -> str:
             f"lease {timing} ({when})")
 
 
-def live_lease(cluster):
+def live_lease(cluster, state=None):
     """The lease of the active coordinator; :class:`CoordinatorNotAvailableError` when there
-    is none (never held, released, lapsed by this process's clock, or serving no address)."""
-    lease = current_lease(cluster.state())
+    is none (never held, released, lapsed by this process's clock, or serving no address).
+    ``state``: a replayed state the caller holds (a fresh one saves listing the metadata log)."""
+    lease = current_lease(state if state is not None else cluster.state())
     if lease is None:
         raise CoordinatorNotAvailableError(
             f"no coordinator has ever run for the cluster at {cluster.url}; start one with: "
@@ -51,14 +52,15 @@ def live_lease(cluster):
 
 
 def connect(cluster, token: Optional[str] = None, *, token_file: Optional[str] = None,
-            timeout_s: float = DEFAULT_TIMEOUT_S) -> CoordinatorClient:
+            timeout_s: float = DEFAULT_TIMEOUT_S, state=None) -> CoordinatorClient:
     """A client of the active coordinator of ``cluster`` (a :class:`Cluster` or its URL),
     checked to answer as the lease's holder. ``token``: as for the coordinator (else
-    ``token_file``, else ``$KAFKALOG_COORDINATOR_TOKEN``)."""
+    ``token_file``, else ``$KAFKALOG_COORDINATOR_TOKEN``). ``state``: as for
+    :func:`live_lease`."""
     token = resolve_token(token, token_file)
     if not isinstance(cluster, Cluster):
         cluster = Cluster(cluster, create=False)
-    lease = live_lease(cluster)
+    lease = live_lease(cluster, state)
     client = CoordinatorClient(lease.address, token, timeout_s=timeout_s, lease=lease)
     try:
         pong = client.ping()

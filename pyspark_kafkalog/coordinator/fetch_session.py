@@ -337,8 +337,9 @@ class FetchSessionClient:
     """The fetcher's half (Kafka's ``FetchSessionHandler``): keeps the positions the session has
     told it, so each call returns complete positions while the wire carries only changes.
 
-    ``server`` is anything with ``fetch(request, source)``: the cache in-process today, an RPC
-    stub later. Not thread safe: one client per fetcher.
+    ``server`` is anything with ``fetch(request, source)``: a cache in process, or
+    ``fetch_client.SessionServer`` (the active coordinator's cache over RPC, else this
+    process's). Not thread safe: one client per fetcher.
     """
 
     def __init__(self, server: Any, source: PositionSource, privileged: bool = False):

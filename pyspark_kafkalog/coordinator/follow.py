@@ -17,7 +17,8 @@ from typing import Callable, Dict, List, Optional
 from ..cluster.consumer import Consumer, fetch_chunks
 from ..errors import (InvalidConfigError, KafkaStorageError, OffsetOutOfRangeError,
                       UnknownTopicIdError)
-from .cluster_positions import ClusterPositions, local_cache
+from .cluster_positions import ClusterPositions
+from .fetch_client import SessionServer
 from .fetch_session import FetchSessionClient
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,18 @@ class Follower(Consumer):
     retention past the follower's position) are skipped, and ``on_data_loss`` (default: a logged
     warning) gets a message naming the lost range (Spark's ``failOnDataLoss=false``). A topic
     deleted, or deleted and created again, ends the iteration with :class:`UnknownTopicIdError`.
+
+    The fetch session is the active coordinator's when one is found (``coordinator_token_file``,
+    else the quota client's, else ``$KAFKALOG_COORDINATOR_TOKEN``), shared with every other
+    client of the cluster; else this process's (``fetch_client``).
     """
 
     def __init__(self, cluster, topic: str, partitions: List[int], *,
                  new_partitions: bool = False,
                  poll_interval_ms: int = DEFAULT_POLL_INTERVAL_MS,
                  on_caught_up: Optional[Callable[[], None]] = None,
-                 on_data_loss: Callable[[str], None] = log.warning, **consumer_options):
+                 on_data_loss: Callable[[str], None] = log.warning,
+                 coordinator_token_file: Optional[str] = None, **consumer_options):
         if poll_interval_ms < 0:
             raise InvalidConfigError(f"poll_interval_ms must be >= 0, got {poll_interval_ms}")
         super().__init__(cluster, topic, partitions, **consumer_options)
@@ -57,7 +63,11 @@ class Follower(Consumer):
         self._on_caught_up = on_caught_up
         self._on_data_loss = on_data_loss
         self._source = ClusterPositions(cluster)
-        self._session = FetchSessionClient(local_cache(), self._source)
+        if coordinator_token_file is None and self.quota is not None:
+            # the token file the client was given for the coordinator, for its quota
+            coordinator_token_file = getattr(self.quota, "token_file", None)
+        self._server = SessionServer(cluster, token_file=coordinator_token_file)
+        self._session = FetchSessionClient(self._server, self._source)
         self._last_commit: Optional[Dict[int, int]] = None
         #: partition -> offset whose read failed once as deleted; a second failure there raises
         self._failed: Dict[int, int] = {}
@@ -93,7 +103,8 @@ class Follower(Consumer):
                         else "read_uncommitted")
                     try:
                         for rows, next_offset in fetch_chunks(view, start, end,
-                                                              max_bytes=self._max_bytes):
+                                                              max_bytes=self._max_bytes,
+                                                              on_fetch=self._on_fetch):
                             for r in rows:
                                 read += 1
                                 yield p, r, r.offset + 1
@@ -122,7 +133,10 @@ class Follower(Consumer):
                 self._caught_up()
                 time.sleep(max(0.0, polled_at + self._poll_interval - time.monotonic()))
         finally:
-            self._session.close()
+            try:
+                self._session.close()
+            finally:
+                self._server.close()
 
     def _poll(self, pos: Dict[int, Optional[int]]) -> Dict[int, tuple]:
         """Ask the fetch session once; ``{partition: (log start offset, end)}`` for the

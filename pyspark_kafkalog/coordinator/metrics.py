@@ -6,7 +6,7 @@ and a process that never starts one must export nothing. Only what is measured t
 exported: the replication gauges count what the metadata says at each scrape: the ISR of every
 replicated partition (docs/protocol.md §1.3; the leader alone for a partition that is not), the
 partitions by ISR size, and the largest replication lag in offsets (docs/coordinator.md,
-"Metrics").
+"Metrics"); the fetch session cache's KIP-227 metrics are read from the cache at each scrape.
 """
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ import logging
 from typing import Callable, Dict, Mapping, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .fetch_session import (INCREMENTAL_FETCH_SESSION_EVICTIONS_PER_SEC,
+                            NUM_INCREMENTAL_FETCH_PARTITIONS_CACHED, NUM_INCREMENTAL_FETCH_SESSIONS)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +78,17 @@ class CoordinatorMetrics:
         at each scrape: counts of partitions (and ``partitions_by_isr_size``, {size: count}, as
         one gauge labelled ``size``), so never stale and never a placeholder."""
         self.registry.register(_ReplicationCollector(summary))
+
+    def watch_client_quotas(self, usage: Callable[[], Mapping]) -> None:
+        """Export ``usage()`` (``QuotaService.usage``: {(client_id, kind): (byte rate, throttle
+        time max ms, avg ms)}) at each scrape: Kafka's per-client ``byte-rate`` and
+        ``throttle-time``, as the quota check sees them."""
+        self.registry.register(_ClientQuotaCollector(usage))
+
+    def watch_fetch_sessions(self, cache) -> None:
+        """Export the KIP-227 metrics of the coordinator's fetch session cache
+        (``FetchSessionCache``), read at each scrape."""
+        self.registry.register(_FetchSessionCollector(cache))
 
     def count_runs(self, runs) -> None:
         """What a maintenance hook reports it ran: runs with ``.kind`` and ``.ok`` (the
@@ -185,6 +199,65 @@ class _ReplicationCollector:
         for size, count in sorted((values.get(_BY_ISR_SIZE[0]) or {}).items()):
             by_size.add_metric([str(size)], count)
         yield by_size
+
+
+_CLIENT_GAUGES = (
+    ("client_byte_rate", "Bytes per second of a client id over the quota window, by kind "
+                         "(Kafka's per-client byte-rate)"),
+    ("client_throttle_time_max_ms", "The longest throttle time given to a client id, by kind "
+                                    "(ms, since the coordinator started)"),
+    ("client_throttle_time_avg_ms", "The average throttle time of a client id's requests, by "
+                                    "kind (ms; unthrottled requests count 0)"),
+)
+
+
+class _ClientQuotaCollector:
+    def __init__(self, usage: Callable[[], Mapping]):
+        self._usage = usage
+
+    def describe(self):
+        return [GaugeMetricFamily(f"{PREFIX}_{n}", h, labels=["client_id", "kind"])
+                for n, h in _CLIENT_GAUGES]
+
+    def collect(self):
+        families = [GaugeMetricFamily(f"{PREFIX}_{n}", h, labels=["client_id", "kind"])
+                    for n, h in _CLIENT_GAUGES]
+        for (client_id, kind), values in sorted(self._usage().items()):
+            for family, value in zip(families, values):
+                family.add_metric([client_id, kind], value)
+        yield from families
+
+
+#: KIP-227's metric -> (our name without the prefix, help)
+_FETCH_SESSIONS = {
+    NUM_INCREMENTAL_FETCH_SESSIONS: (
+        "incremental_fetch_sessions", "Incremental fetch sessions in the coordinator's cache, "
+        "the replicator's included (Kafka's NumIncrementalFetchSessions)"),
+    NUM_INCREMENTAL_FETCH_PARTITIONS_CACHED: (
+        "incremental_fetch_partitions_cached", "Partitions those sessions hold (Kafka's "
+        "NumIncrementalFetchPartitionsCached)"),
+    INCREMENTAL_FETCH_SESSION_EVICTIONS_PER_SEC: (
+        "incremental_fetch_session_evictions_per_sec", "Sessions evicted to make room for "
+        "another, per second over the last 30 s (Kafka's IncrementalFetchSessionEvictionsPerSec;"
+        " a session its client closes is not counted)"),
+}
+_EVICTIONS = ("incremental_fetch_session_evictions", "Sessions evicted to make room for "
+              "another since the coordinator started")
+
+
+class _FetchSessionCollector:
+    def __init__(self, cache):
+        self._cache = cache
+
+    def describe(self):
+        return self.collect()
+
+    def collect(self):
+        values = self._cache.metrics()
+        for kip_name, (name, help_) in _FETCH_SESSIONS.items():
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", help_, value=values[kip_name])
+        yield CounterMetricFamily(f"{PREFIX}_{_EVICTIONS[0]}", _EVICTIONS[1],
+                                  value=self._cache.incremental_fetch_session_evictions)
 
 
 def metrics_url(host: str, port: Optional[int]) -> Optional[str]:

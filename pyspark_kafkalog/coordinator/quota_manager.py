@@ -39,7 +39,9 @@ class QuotaManager:
         self.window_num = window_num
         self.window_size_s = window_size_s
         self._samples: Dict[Tuple[str, str], Deque[_Sample]] = {}
-        self._throttled: Dict[Tuple[str, str], Tuple[float, int, float]] = {}   # max, n, total
+        #: (max, requests, total) throttle seconds, over every request (Kafka's client metrics
+        #: ``*-throttle-time-max`` / ``-avg`` count unthrottled responses as 0)
+        self._throttled: Dict[Tuple[str, str], Tuple[float, int, float]] = {}
         self._lock = threading.Lock()
 
     def _window(self, key: Tuple[str, str], now: float) -> Deque[_Sample]:
@@ -58,9 +60,8 @@ class QuotaManager:
             samples = self._window(key, now)
             samples[-1].bytes += nbytes
             delay = self._throttle(key, samples, now)
-            if delay > 0:
-                top, n, total = self._throttled.get(key, (0.0, 0, 0.0))
-                self._throttled[key] = (max(top, delay), n + 1, total + delay)
+            top, n, total = self._throttled.get(key, (0.0, 0, 0.0))
+            self._throttled[key] = (max(top, delay), n + 1, total + delay)
             return delay
 
     def _throttle(self, key, samples, now: float) -> float:
@@ -82,7 +83,13 @@ class QuotaManager:
             elapsed = max(now - samples[0].start, (self.window_num - 1) * self.window_size_s)
             return sum(s.bytes for s in samples) / elapsed
 
-    def throttle_stats(self, client_id: str, kind: str) -> Tuple[float, float]:
-        """(max, average) throttle time in seconds of the client's throttled requests."""
+    def clients(self):
+        """The (client id, kind) pairs seen."""
+        with self._lock:
+            return list(self._samples)
+
+    def throttle_stats(self, client_id: str, kind: str) -> Tuple[float, float, int]:
+        """(max, average) throttle time in seconds over the client's requests, and their
+        number."""
         top, n, total = self._throttled.get((client_id or "", kind), (0.0, 0, 0.0))
-        return top, (total / n if n else 0.0)
+        return top, (total / n if n else 0.0), n

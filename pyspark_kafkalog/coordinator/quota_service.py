@@ -63,3 +63,33 @@ class QuotaService:
         if self.on_usage is not None:
             self.on_usage(client_id, kind, nbytes, delay)
         return {"throttle_ms": int(round(delay * 1000)), "quota": self._quota(client_id, kind)}
+
+    def usage(self) -> dict:
+        """{(client_id, kind): (byte rate, throttle time max ms, avg ms)} of every client id
+        seen, for the metrics."""
+        now = self.clock()
+        out = {}
+        for client_id, kind in self.manager.clients():
+            top, avg, _ = self.manager.throttle_stats(client_id, kind)
+            out[(client_id, kind)] = (self.manager.rate(client_id, kind, now), top * 1000,
+                                      avg * 1000)
+        return out
+
+    def client_usage(self, request: dict) -> dict:
+        """RPC ``ClientUsage{client_id}`` -> per kind: the quota, the byte rate over the window
+        and Kafka's client metrics ``<kind>-throttle-time-max`` / ``-avg`` (ms, over every
+        request since this coordinator started): what a streaming query shows in its
+        progress, although its tasks ran elsewhere."""
+        client_id = request.get("client_id")
+        if not isinstance(client_id, str):
+            raise InvalidRequestError("ClientUsage needs client_id (a string)")
+        now = self.clock()
+        self._refresh(now)
+        out = {"client_id": client_id}
+        for kind in KINDS:
+            top, avg, n = self.manager.throttle_stats(client_id, kind)
+            out[kind] = {"quota": self._quota(client_id, kind), "requests": n,
+                         "byte_rate": round(self.manager.rate(client_id, kind, now), 1),
+                         f"{kind}-throttle-time-max": round(top * 1000, 1),
+                         f"{kind}-throttle-time-avg": round(avg * 1000, 1)}
+        return out

@@ -11,6 +11,12 @@ dies at any instant leaves nothing the next pass (or the next coordinator) canno
 What it remembers between passes, in memory only, is Kafka's "last caught-up time" per
 follower; a new coordinator starts the clocks of the ISR and joining members at its takeover,
 as a new Kafka leader does, so a takeover shrinks nothing at once.
+
+Kafka's followers fetch through privileged fetch sessions (KIP-227), which outrank every
+consumer's in the leader's session cache. This fetcher holds one in the coordinator's cache
+over the replicated partitions, used once a pass so that it is never idle: the cache's slots,
+eviction order and metrics then count replication as Kafka's do. Each pass still decides from
+its own replayed state, so nothing here depends on what the session answers.
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from ..log.partition import LEADER_EPOCH_FILE
 from ..format.checkpoint import parse_meta_properties
 from ..log.segment import LOG_SUFFIX, segment_name
 from .copier import check_fetchers, copy_partition_metadata, copy_segments
+from .fetch_session import FetchSessionClient
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +81,11 @@ class Replicator:
                  replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
                  broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
                  enable: bool = True, clock_ms: Optional[Callable[[], int]] = None,
-                 num_replica_fetchers: int = 4):
+                 num_replica_fetchers: int = 4,
+                 fetch_session: Optional[FetchSessionClient] = None):
+        """``fetch_session``: the privileged ``FetchSessionClient`` to hold (None: none)."""
         self.cluster = cluster
+        self.fetch_session = fetch_session
         #: segments of one follower copied at once (Kafka's ``num.replica.fetchers``)
         self.num_replica_fetchers = check_fetchers(num_replica_fetchers)
         self.epoch = epoch
@@ -105,8 +115,22 @@ class Replicator:
                      "replica)", REPLICATION)
             self.cluster.enable_feature(REPLICATION)
             state = self.cluster.state()
+        if self.fetch_session is not None:
+            self._hold_session(state)
         self.last = self.run_pass(epoch, state)
         return self.last
+
+    def _hold_session(self, state) -> None:
+        """Use the fetch session over the replicated partitions (or give its slot back when
+        there are none). A failure here costs the session, never the pass."""
+        tps = [(topic, p) for topic, _, p, _, _, _ in _replicated(state)]
+        try:
+            if tps:
+                self.fetch_session.fetch(tps)
+            else:
+                self.fetch_session.close()
+        except KafkaLogError as exc:
+            log.warning("replication: its fetch session failed: %s", exc)
 
     # -- one pass -----------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ from typing import Callable, Dict, Optional
 import grpc
 
 from ..errors import (CoordinatorAuthenticationError, CoordinatorNotAvailableError,
-                      InvalidConfigError, KafkaLogError, NotControllerError, error_for)
+                      InvalidConfigError, KafkaLogError, NotControllerError,
+                      UnsupportedVersionError, error_for)
 from .auth import TokenInterceptor, call_metadata
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,9 @@ class CoordinatorClient:
             return CoordinatorNotAvailableError(
                 f"the coordinator at {self.address} does not answer {name} "
                 f"({code.name}: {details})")
+        if code == grpc.StatusCode.UNIMPLEMENTED:   # an older coordinator, without the method
+            return UnsupportedVersionError(f"the coordinator at {self.address} does not serve "
+                                           f"{name}")
         return KafkaLogError(f"{name} at {self.address} failed: {code.name}: {details}")
 
     def status(self) -> dict:

@@ -22,6 +22,10 @@ itself. ``maintenance=False`` leaves it out (another process runs the jobs, or n
 Replication (``replicator.py``: copying to followers, the ISR) runs on a thread of its own,
 every ``replica.fetch.wait.max.ms``, so that a long retention run never holds back the high
 watermark of replicated partitions, and a long copy never delays maintenance.
+
+KIP-227 fetch sessions (``fetch_service.py``: one cache for every client of the cluster, and
+the replicator's privileged session in it) are served by the active coordinator only, like
+Kafka's by the leader: a standby's cache would rank sessions no active process sees.
 """
 from __future__ import annotations
 
@@ -38,6 +42,8 @@ from ..cluster.lease import (CoordinatorLease, acquire, current_lease, new_holde
 from ..errors import (CoordinatorLeaseHeldError, FencedCoordinatorError, InvalidConfigError,
                       KafkaLogError)
 from .auth import resolve_token
+from .fetch_service import FetchSessionService
+from .fetch_session import DEFAULT_CACHE_SLOTS, MIN_EVICTION_MS
 from .metrics import CoordinatorMetrics, metrics_url
 from .quota_manager import DEFAULT_WINDOW_NUM, DEFAULT_WINDOW_SIZE_S
 from .quota_service import QuotaService
@@ -123,11 +129,16 @@ class Coordinator:
                  quota_producer_default: Optional[float] = None,
                  quota_consumer_default: Optional[float] = None,
                  quota_window_num: int = DEFAULT_WINDOW_NUM,
-                 quota_window_size_s: int = int(DEFAULT_WINDOW_SIZE_S)):
+                 quota_window_size_s: int = int(DEFAULT_WINDOW_SIZE_S),
+                 max_incremental_fetch_session_cache_slots: int = DEFAULT_CACHE_SLOTS,
+                 fetch_session_min_eviction_ms: int = MIN_EVICTION_MS):
         """``maintenance``: run the scheduled maintenance (default); ``maintenance_config``: its
         settings, a ``SchedulerConfig`` or properties (default: Kafka's intervals).
         ``replication``: copy to followers and keep the ISR (docs/protocol.md §1.3), enabling
-        the feature ``replication`` once a topic has more than one replica."""
+        the feature ``replication`` once a topic has more than one replica.
+        ``max_incremental_fetch_session_cache_slots``: the ``Fetch`` method's session cache
+        (KIP-227); ``fetch_session_min_eviction_ms``: KIP-227's minimum eviction time, a
+        constant in Kafka (120 s), settable here for tests only."""
         if on_fenced not in ON_FENCED:
             raise InvalidConfigError(f"on_fenced must be one of {ON_FENCED}, got {on_fenced!r}")
         if not isinstance(lease_ms, int) or lease_ms < MIN_LEASE_MS:
@@ -143,6 +154,11 @@ class Coordinator:
                             ("broker.session.timeout.ms", broker_session_timeout_ms)):
             if not isinstance(value, int) or value < 1:
                 raise InvalidConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        for name, value in (("max.incremental.fetch.session.cache.slots",
+                             max_incremental_fetch_session_cache_slots),
+                            ("fetch_session_min_eviction_ms", fetch_session_min_eviction_ms)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidConfigError(f"{name} must be an integer >= 0, got {value!r}")
         self.cluster = cluster
         self._token = resolve_token(token, token_file)
         self._bind_host, _ = _split(bind)
@@ -161,16 +177,22 @@ class Coordinator:
                                                   active=self._may_act)
         #: maintenance hooks; may be appended to before start()
         self.ticks: List[Tick] = ([self.scheduler.tick] if self.scheduler else []) + list(ticks)
+        #: KIP-227 fetch sessions for every client of the cluster (the ``Fetch`` method)
+        self.fetch_sessions = FetchSessionService(
+            cluster, max_slots=max_incremental_fetch_session_cache_slots,
+            min_eviction_ms=fetch_session_min_eviction_ms)
         #: copies to followers and keeps the ISR (None when off)
         self.replicator: Optional[Replicator] = None
         if replication:
             self.replicator = Replicator(cluster, lambda: self.epoch if self._may_act() else None,
                                          replica_lag_time_max_ms=replica_lag_time_max_ms,
                                          broker_session_timeout_ms=broker_session_timeout_ms,
-                                         num_replica_fetchers=num_replica_fetchers)
+                                         num_replica_fetchers=num_replica_fetchers,
+                                         fetch_session=self.fetch_sessions.replica_session())
         self.replica_fetch_wait_max_ms = replica_fetch_wait_max_ms
         self.metrics = CoordinatorMetrics()
         self.metrics.watch_replication(lambda: replication_summary(cluster.state()))
+        self.metrics.watch_fetch_sessions(self.fetch_sessions.cache)
         #: why the service ended: None while it runs, "stopped" or "fenced" (on_fenced="exit")
         self.exit_reason: Optional[str] = None
         self.address: Optional[str] = None
@@ -195,8 +217,11 @@ class Coordinator:
                                if v is not None},
             window_num=quota_window_num, window_size_s=quota_window_size_s,
             on_usage=self.metrics.count_usage)
+        self.metrics.watch_client_quotas(self.quotas.usage)
         self._methods = {"Status": (self._status, False), "Ping": (self._ping, False),
-                         "RecordUsage": (self.quotas.record_usage, True)}
+                         "RecordUsage": (self.quotas.record_usage, True),
+                         "ClientUsage": (self.quotas.client_usage, True)}
+        self._methods["Fetch"] = (self.fetch_sessions.fetch, True)
         self._started_at: Optional[float] = None
         self._closed = False
 
@@ -445,7 +470,8 @@ class Coordinator:
                 "uptime_s": round(time.monotonic() - self._started_at, 3),
                 "cluster_id": getattr(self.cluster, "cluster_id", None),
                 "metrics_url": self.metrics_url, "metrics": self.metrics.summary(),
-                "maintenance": self.maintenance_intervals()}
+                "maintenance": self.maintenance_intervals(),
+                "fetch_session_cache_slots": self.fetch_sessions.cache.max_slots}
 
     def _ping(self, request: dict) -> dict:
         lease = self._lease

@@ -63,6 +63,14 @@ option                                  kafkalog (batch read)
                                         ``replication-offset-checkpoint`` (a partition the file
                                         does not list is always read to its log end). An error on
                                         a cluster root.
+``kafka.client.id``                     Kafka's ``client.id``: whose fetch quota (KIP-13) the
+                                        tasks count against, across every job that uses it;
+                                        default the empty client id, which shares the
+                                        ``<default>`` quota (docs/operations.md).
+``coordinator.tokenFile``               kafkalog only: the coordinator's token, for the tasks
+                                        to report their bytes (else the executors'
+                                        ``$KAFKALOG_COORDINATOR_TOKEN``); without a coordinator
+                                        nothing is throttled.
 ``storage.<name>``                      kafkalog only: storage backend options (fsspec / s3fs,
                                         e.g. ``storage.endpoint_url``), as in
                                         ``conf/cluster.properties``.
@@ -115,7 +123,7 @@ SUPPORTED = {k.lower(): k for k in (
     "startingOffsetsByTimestamp", "startingTimestamp", "endingOffsetsByTimestamp",
     "endingTimestamp", "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions",
     "maxRecordsPerPartition", "maxPartitionBytes", "openCostInBytes", "includeHeaders",
-    "kafka.isolation.level", "readToLogEnd",
+    "kafka.isolation.level", "readToLogEnd", "kafka.client.id", "coordinator.tokenFile",
     "kafkalog.test.statsFile")}
 #: options only streaming queries act on (spark/stream_reader.py); batch reads ignore them, as
 #: Spark's batch source ignores the trigger options
@@ -331,6 +339,19 @@ def _limit(opts: Dict[str, str], starting: bool, streaming: bool = False) -> Off
     return OffsetLimit(off_key, value, "offsets", per_partition=pairs)
 
 
+def client_options(opts: Mapping[str, str]) -> Tuple[Optional[str], Optional[str]]:
+    """``kafka.client.id`` (KIP-13: whose quota applies) and ``coordinator.tokenFile`` (how the
+    tasks authenticate to the coordinator that enforces it), from lower-cased options; the
+    write options share them."""
+    from ..cluster.quotas import MAX_CLIENT_ID
+    client_id = opts.get("kafka.client.id")
+    if client_id is not None and len(client_id) > MAX_CLIENT_ID:
+        raise _err("kafka.client.id", client_id, f"a client id has at most {MAX_CLIENT_ID} "
+                   "characters")
+    token_file = opts.get("coordinator.tokenfile", "").strip() or None
+    return client_id, token_file
+
+
 def _check_names(opts: Dict[str, str]) -> None:
     for key, value in opts.items():
         if key in SUPPORTED or key in NO_OPS or key in STREAMING:
@@ -380,6 +401,9 @@ class ReadOptions:
     read_to_log_end: bool = False
     storage_options: Dict[str, str] = field(default_factory=dict)
     stats_file: Optional[str] = None
+    #: KIP-13: whose fetch quota the tasks count against (None: the empty client id)
+    client_id: Optional[str] = None
+    coordinator_token_file: Optional[str] = None
     # streaming only (spark/stream_reader.py)
     streaming: bool = False
     max_offsets_per_trigger: Optional[int] = None
@@ -463,6 +487,7 @@ class ReadOptions:
         out.storage_options = {k[len(STORAGE_PREFIX):]: v for k, v in opts.items()
                                if k.startswith(STORAGE_PREFIX)}
         out.stats_file = opts.get("kafkalog.test.statsfile") or None
+        out.client_id, out.coordinator_token_file = client_options(opts)
         if streaming:
             _streaming_options(out, opts)
         return out

@@ -29,10 +29,11 @@ from pyspark.sql.datasource import (DataSourceReader, EqualNullSafe, EqualTo, Gr
 
 from ..cluster.read_plan import Bounds, ReadSplit, ReadTask, pack, plan
 from ..cluster.range_reader import read_range
-from ..cluster.sources import normalize_url, open_source
+from ..cluster.sources import CLUSTER, normalize_url, open_source
 from ..errors import InvalidConfigError, OffsetOutOfRangeError
 from ..log.segment import ReadStats
 from . import worker_gc
+from .quota import log_throttled, task_quota
 from .read_options import ReadOptions
 from .schema import kafka_schema
 
@@ -161,17 +162,35 @@ def _append_stats(path: str, record: dict) -> None:
         os.close(fd)
 
 
+def _quota(split: ReadSplit, opts):
+    """The task's fetch throttling (KIP-13), for a cluster's topics; a plain Kafka log dir has
+    no coordinator and no quotas."""
+    if not split.ranges or split.ranges[0].handle.kind != CLUSTER:
+        return None
+    return task_quota(opts.path, opts.storage_options, opts.client_id,
+                      opts.coordinator_token_file)
+
+
 def read_split(split: ReadSplit, opts) -> Iterator:
     """The ranges of one input partition (batch or streaming), one after another. Small record batches (a small partition's whole
     range) are joined up to about ``_COALESCE_BYTES`` before Spark gets them: each batch
     handed to Spark costs a fixed amount of Arrow messaging, which over a thousand ranges
     of a few hundred rows each costs more than copying them once."""
+    quota = _quota(split, opts)
+    try:
+        yield from _read_split(split, opts, quota)
+    finally:
+        if quota is not None:
+            log_throttled(quota, f"read task of {len(split.ranges)} range(s)")
+
+
+def _read_split(split: ReadSplit, opts, quota) -> Iterator:
     if len(split.ranges) == 1:
-        yield from _read_named(split.ranges[0], opts)
+        yield from _read_named(split.ranges[0], opts, quota)
         return
     pending, size = [], 0
     for task in split.ranges:
-        for batch in _read_named(task, opts):
+        for batch in _read_named(task, opts, quota):
             if not pending and batch.nbytes >= _COALESCE_BYTES:
                 yield batch
                 continue
@@ -184,23 +203,24 @@ def read_split(split: ReadSplit, opts) -> Iterator:
         yield _concat(pending)
 
 
-def _read_named(task: ReadTask, opts) -> Iterator:
+def _read_named(task: ReadTask, opts, quota=None) -> Iterator:
     """``_read``, with lost data named by the planned range as well: in a packed task the
     partition alone does not say which of its ranges failed."""
     try:
-        yield from _read(task, opts)
+        yield from _read(task, opts, quota)
     except OffsetOutOfRangeError as exc:
         raise OffsetOutOfRangeError(
             f"{exc} (the planned range: {task.topic}-{task.partition} offsets {task.start} "
             f"to {task.end - 1})") from None
 
 
-def _read(task: ReadTask, opts) -> Iterator:
+def _read(task: ReadTask, opts, quota=None) -> Iterator:
     stats = ReadStats()
     rows = 0
     try:
         for batch in read_range(task, include_headers=opts.include_headers,
-                                fail_on_data_loss=opts.fail_on_data_loss, stats=stats):
+                                fail_on_data_loss=opts.fail_on_data_loss, stats=stats,
+                                on_fetch=quota.fetched if quota is not None else None):
             rows += batch.num_rows
             yield batch
     finally:

@@ -10,6 +10,8 @@ and Spark Connect) in the driver: when the writer's format is ``kafkalog`` and i
 ``error``, ``errorifexists`` or ``default``, the write goes to Spark as an append. Nothing else
 changes: other formats keep Spark's behaviour, Overwrite still reaches the sink (which refuses it:
 a log is append-only), and Ignore is still refused by Spark, as Spark's Kafka sink refuses it.
+The same wrapper makes the writer's session the thread's active one (``_activate``), so that
+writes from a thread pool find the format.
 """
 from __future__ import annotations
 
@@ -37,6 +39,19 @@ def append_instead(source, mode) -> bool:
             and (mode is None or (isinstance(mode, str) and mode.lower() in ERROR_IF_EXISTS)))
 
 
+def _activate(writer) -> None:
+    """Make the writer's session the thread's active one in the JVM. PySpark 4.3 looks a
+    Python data source up for a write in the thread's active session, which a thread other
+    than the one that made the session does not have: without this, ``df.write`` of a
+    registered format fails with DATA_SOURCE_NOT_FOUND in a thread pool (reads are not
+    affected)."""
+    session = getattr(writer, "_spark", None)
+    jsession = getattr(session, "_jsparkSession", None)
+    if jsession is None:           # Spark Connect: the server resolves the source
+        return
+    session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
+
+
 def _wrap(cls) -> None:
     if getattr(cls, "_kafkalog_save_mode", False):
         return
@@ -59,6 +74,8 @@ def _wrap(cls) -> None:
         current = mode if mode is not None else getattr(self, "_kafkalog_mode", None)
         if append_instead(source, current):
             mode = "append"
+        if isinstance(source, str) and source.lower() == FORMAT:
+            _activate(self)
         return original_save(self, path, format, mode, partitionBy, **options)
 
     cls.format, cls.mode, cls.save = format, mode, save

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 TopicPartition = Tuple[str, int]
 
 
+#: where ``reportLatestOffset`` puts the fetch quota's throttle time (a key no topic can have)
+THROTTLE_KEY = "$throttle"
+
+
 def _name(tp: TopicPartition) -> str:
     return f"{tp[0]}-{tp[1]}"
 
@@ -50,6 +54,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._cluster = None
         self._positions = None
         self._session = None
+        self._session_server = None
         self._target: Optional[Dict[TopicPartition, int]] = None
         self._latest: Dict[TopicPartition, int] = {}
         self._pos: Dict = {}
@@ -66,6 +71,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_out = None          # the offset the last latestOffset returned
         self._subs_of_last_out = None  # ... and the subscription it was made for
         self._latest_json: dict = {}
+        self._quota = None             # the coordinator's view of the client id, for progress
         #: test-visible counters: how much each trigger cost
         self.stats = {"triggers": 0, "full_fetches": 0}
 
@@ -82,7 +88,8 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _open(self):
         if self._cluster is not None:
             return
-        from ..coordinator.cluster_positions import ClusterPositions, local_cache
+        from ..coordinator.cluster_positions import ClusterPositions
+        from ..coordinator.fetch_client import SessionServer
         from ..coordinator.fetch_session import FetchSessionClient
         source = open_source(self.options.path, self.options.storage_options)
         if not isinstance(source, ClusterSource):
@@ -92,7 +99,11 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "spark.read)")
         self._cluster = source.cluster
         self._positions = ClusterPositions(self._cluster)
-        self._session = FetchSessionClient(local_cache(), self._positions)
+        # the active coordinator's session cache, shared by every query of the cluster, or
+        # this process's without one
+        self._session_server = SessionServer(self._cluster,
+                                             token_file=self.options.coordinator_token_file)
+        self._session = FetchSessionClient(self._session_server, self._positions)
 
     def _subscribed(self) -> List[TopicPartition]:
         """The subscribed partitions, rebuilt only when the topics changed (the same list
@@ -373,7 +384,31 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return size
 
     def reportLatestOffset(self) -> Optional[dict]:
-        return {t: parts for t, parts in self._latest_json.items() if parts} or None
+        """The latest offsets; with a coordinator, also the query's client id's fetch quota
+        and throttle time (KIP-13) under ``"$throttle"``, as the coordinator counts them for
+        every task of every job with that client id: the read tasks wait in other processes,
+        and this is the one place of the query progress a Python source can fill."""
+        out = {t: parts for t, parts in self._latest_json.items() if parts}
+        throttle = self._throttle()
+        if throttle:
+            out[THROTTLE_KEY] = throttle
+        return out or None
+
+    def _throttle(self) -> Optional[dict]:
+        if self._cluster is None:
+            return None
+        if self._quota is None:
+            from ..coordinator.quota_client import QuotaClient
+            self._quota = QuotaClient(self._cluster, self.options.client_id,
+                                      token_file=self.options.coordinator_token_file)
+        usage = self._quota.usage()
+        if not usage:
+            return None
+        fetch = usage.get("fetch") or {}
+        return {"client_id": usage.get("client_id", ""), "quota": fetch.get("quota"),
+                "byte_rate": fetch.get("byte_rate"),
+                "fetch-throttle-time-max": fetch.get("fetch-throttle-time-max"),
+                "fetch-throttle-time-avg": fetch.get("fetch-throttle-time-avg")}
 
     def prepareForTriggerAvailableNow(self) -> None:
         pos = self._fetch()
@@ -465,3 +500,4 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._session.close()
             except Exception:   # best effort: the slot is evicted when idle anyway
                 pass
+            self._session_server.close()

@@ -29,8 +29,8 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter
 from ..cluster.spark_job import abort_stream_batch, commit_stream_batch, stream_producer_id
 from ..errors import InvalidConfigError, InvalidRequestError
 from .write_options import WriteOptions
-from .writer import (KafkaLogCommitMessage, pending_writes, prepare_sink, sink_cluster,
-                     write_task)
+from .writer import (KafkaLogCommitMessage, pending_writes, prepare_sink, report_throttle,
+                     sink_cluster, write_task)
 
 #: Spark's local properties of a streaming write task (StreamExecution, MicroBatchExecution)
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -93,6 +93,7 @@ class KafkaLogStreamWriter(DataSourceStreamArrowWriter):
         m = self._batch_of(messages, batchId)
         commit_stream_batch(sink_cluster(self.options), pending, m.producer, m.query, batchId,
                             self.options.request_timeout_ms)
+        report_throttle(messages, self.options.client_id, f"micro-batch {batchId}")
 
     def abort(self, messages, batchId: int) -> None:
         m = self._batch_of(messages, batchId)

@@ -41,6 +41,14 @@ option                           default                    meaning
 ``request.timeout.ms`` (or       30000                      how long the job's commit waits for the
 ``kafka.request.timeout.ms``)                               ISR (acks=all), then fails (nothing of
                                                             it becomes visible)
+``kafka.client.id``              the empty client id        Kafka's ``client.id``: whose produce
+                                                            quota (KIP-13) the tasks count against,
+                                                            across every job that uses it; the
+                                                            empty one shares the ``<default>``
+                                                            quota (docs/operations.md)
+``coordinator.tokenFile``        ``$KAFKALOG_COORDINATOR_   the coordinator's token, for the tasks
+                                 TOKEN``                    to report their bytes; without a
+                                                            coordinator nothing is throttled
 ``kafkalog.principal``           ``$KAFKALOG_PRINCIPAL``    who writes, for ACLs
 ``kafkalog.snapshot.interval``   50                         metadata snapshot interval
 ``storage.<name>``               —                          storage backend options (S3 endpoint,
@@ -88,6 +96,7 @@ from ..errors import InvalidConfigError
 from ..format import codecs
 from ..format.checkpoint import validate_topic_name
 from ..cluster.acks import parse_acks
+from .read_options import client_options
 from ..log.config import LogConfig, magic_for_format_version
 
 DEFAULT_BATCH_SIZE = 512 * 1024
@@ -103,7 +112,7 @@ _NAMES = ("path", "topic", "compression.type", "compression.gzip.level",
           "batch.size", "batch.records", "buffer.memory", "createTopic", "topic.partitions",
           "topic.replication.factor", "transaction.timeout.ms", "kafkalog.principal",
           "kafkalog.snapshot.interval", "acks", "request.timeout.ms", "kafka.acks",
-          "kafka.request.timeout.ms")
+          "kafka.request.timeout.ms", "kafka.client.id", "coordinator.tokenFile")
 _KNOWN = {name.lower() for name in _NAMES}
 _DISPLAY = {name.lower(): name for name in _NAMES}
 _LEVELS = {codecs.GZIP: "compression.gzip.level", codecs.LZ4: "compression.lz4.level",
@@ -205,6 +214,9 @@ class WriteOptions:
     storage_options: Dict[str, str] = field(default_factory=dict)
     acks: str = "all"
     request_timeout_ms: int = 30_000
+    #: KIP-13: whose produce quota the tasks count against (None: the empty client id)
+    client_id: Optional[str] = None
+    coordinator_token_file: Optional[str] = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], validate: bool = True,
@@ -254,6 +266,7 @@ class WriteOptions:
             if create and topic is None:
                 raise InvalidConfigError("createTopic=true needs the topic option: topics named "
                                          "only by the topic column must exist before the write")
+        client_id, token_file = client_options({k: str(v) for k, v in opts.items()})
         return cls(path=path or "", topic=topic, compression=compression,
                    compression_levels=levels, magic=magic,
                    batch_size=_int(opts, "batch.size", DEFAULT_BATCH_SIZE),
@@ -271,7 +284,8 @@ class WriteOptions:
                    storage_options=storage,
                    acks=parse_acks(opts.get("acks", opts.get("kafka.acks"))),
                    request_timeout_ms=_int(opts, "request.timeout.ms",
-                                           _int(opts, "kafka.request.timeout.ms", 30_000)))
+                                           _int(opts, "kafka.request.timeout.ms", 30_000)),
+                   client_id=client_id, coordinator_token_file=token_file)
 
     def cluster_kwargs(self) -> dict:
         """Keyword arguments of ``Cluster(path, ...)`` for this write."""

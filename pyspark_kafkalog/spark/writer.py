@@ -20,6 +20,7 @@ exactly one task (P segments per job); see docs/spark-write.md for what each cho
 """
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field, replace
@@ -32,9 +33,14 @@ from ..cluster.spark_job import (abort_job, commit_job, ensure_topic, job_produc
                                  open_cluster_for_write)
 from ..cluster.cluster import Cluster
 from ..cluster.producer import PendingWrite
+from ..cluster.quotas import PRODUCE
+from ..coordinator.quota_client import ThrottleStats
 from ..errors import InvalidConfigError
 from . import worker_gc
+from .quota import log_throttled, task_quota
 from .write_options import WriteOptions
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,6 +52,8 @@ class KafkaLogCommitMessage(WriterCommitMessage):
     batches: int = 0
     bytes: int = 0
     segments: int = 0
+    #: the task's wait for its client id's produce quota (``ThrottleStats.to_json``)
+    throttle: dict = field(default_factory=dict)
 
     def pending_writes(self) -> List[PendingWrite]:
         return [PendingWrite.from_json(d) for d in self.pending]
@@ -101,16 +109,30 @@ def write_task(options: WriteOptions, producer: str, iterator: Iterator,
     """One task: reserve and write its rows under ``producer``; ``message`` (a
     ``KafkaLogCommitMessage``) gets the pending writes and counts."""
     worker_gc.freeze_once()
-    tw = TaskWriter(sink_cluster(options), options, producer=producer)
+    cluster = sink_cluster(options)
+    tw = TaskWriter(cluster, options, producer=producer)
+    quota = task_quota(options.path, options.storage_options, options.client_id,
+                       options.coordinator_token_file, cluster)
+    reported = 0
     try:
+        # KIP-13: the record batches each Arrow batch closed are reported, and the wait done,
+        # before the task takes the next; the job commits (acknowledges) only after its
+        # tasks return, so the acknowledgement is what is delayed
         for batch in iterator:
             tw.add(batch)
+            encoded = tw.stats.bytes + tw.encoded_bytes
+            if encoded > reported:
+                quota.produced(encoded - reported)
+                reported = encoded
         pending = tw.finish()
+        quota.produced(tw.stats.bytes - reported)
     except BaseException:
         tw.abort()
         raise
+    log_throttled(quota, "write task")
     s = tw.stats
     message = message if message is not None else KafkaLogCommitMessage()
+    message.throttle = quota.stats[PRODUCE].to_json()
     message.pending = [p.to_json() for p in pending]
     message.records, message.batches = s.records, s.batches
     message.bytes, message.segments = s.bytes, s.segments
@@ -145,9 +167,25 @@ class KafkaLogWriter(DataSourceArrowWriter):
     def commit(self, messages) -> None:
         commit_job(self._cluster(), pending_writes(messages), self.producer,
                    self.options.request_timeout_ms)
+        report_throttle(messages, self.options.client_id, "write")
 
     def abort(self, messages) -> None:
         abort_job(self._cluster(), pending_writes(messages), self.producer)
+
+
+def report_throttle(messages, client_id: Optional[str], what: str) -> Optional[ThrottleStats]:
+    """The tasks' produce-quota waits, summed on the driver and logged at INFO when any task
+    waited: where a throttled job shows (Spark gives a Python sink no task metrics)."""
+    total = ThrottleStats()
+    for m in messages:
+        if isinstance(m, KafkaLogCommitMessage):
+            total.merge(ThrottleStats.from_json(m.throttle))
+    if total.throttled:
+        log.info("%s: client id %r was throttled by its produce quota (KIP-13): %d ms in all "
+                 "over %d of %d requests, produce-throttle-time-max %d ms, -avg %.1f ms", what,
+                 client_id or "", total.total_ms, total.throttled, total.requests,
+                 total.max_ms, total.avg_ms)
+    return total
 
 
 # -- the shuffle helper -------------------------------------------------------------------------

@@ -1,0 +1,275 @@
+"""KIP-13 quotas over real Spark jobs and streaming queries, enforced by a running coordinator
+(docs/protocol.md §12, docs/operations.md): two clients run at once for
+``KAFKALOG_QUOTA_TEST_SECONDS`` (default 20, the issue's length); client A has a quota of X, B
+none. A's rate over the run is within ±10% of X, B is never throttled and no task fails. The
+same for produce (batch writes), a batch read and a streaming query; two jobs with one client id
+share one quota.
+
+The coordinator runs with quota.window.num=2 (1 s windows): a fresh client may burst
+(num − 1) × window × X before it is throttled, as in Kafka, and with Kafka's 11 windows that
+burst alone would be half of a 20 s run's budget.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from conftest import write
+from coordinator_support import TOKEN, cluster, coordinators, url  # noqa: F401  (fixtures)
+from pyspark_kafkalog.admin import Admin
+from pyspark_kafkalog.coordinator import quota_client
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SECONDS = float(os.environ.get("KAFKALOG_QUOTA_TEST_SECONDS", "20"))
+X = 4_000_000.0                     # bytes per second
+CHUNK = 1 << 20                     # what a task reports at a time: a quarter second of X
+SETTLE_S = 2.0
+VALUE_BYTES = 2000
+
+
+@pytest.fixture
+def coordinator_defaults() -> dict:
+    return {"maintenance": False, "replication": False, "metrics_port": None,
+            "quota_window_num": 2, "quota_window_size_s": 1}
+
+
+@pytest.fixture
+def token_path(tmp_path):
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    path.chmod(0o600)
+    yield str(path)
+    quota_client.CONNECTIONS.clear()
+
+
+def _metric(c, name: str, client_id: str, kind: str) -> float:
+    return c.metrics.registry.get_sample_value(f"kafkalog_coordinator_{name}",
+                                               {"client_id": client_id, "kind": kind}) or 0.0
+
+
+def _rows(ks, n: int, parts: int = 1):
+    return ks.range(0, n, numPartitions=parts).selectExpr(
+        "CAST(id AS STRING) AS key", f"CAST(repeat('x', {VALUE_BYTES}) AS BINARY) AS value")
+
+
+def _fill(ks, url_, topic: str, nbytes: float, partitions: int = 2) -> int:
+    n = int(nbytes / VALUE_BYTES)
+    write(_rows(ks, n, 2), url_, topic=topic, createTopic="true",
+          **{"topic.partitions": partitions})
+    return n
+
+
+def _warm(ks, url_, topic: str) -> None:
+    """A read first, unthrottled: a session's first read pays seconds of Python workers
+    starting, which are not the quota's doing."""
+    ks.read.format("kafkalog").option("subscribe", topic).load(url_).count()
+
+
+class Meter(threading.Thread):
+    """The coordinator's count of a client's bytes, every 20 ms: the rate over the run once
+    the burst KIP-13 lets a fresh client make ((num − 1) windows of X) is spent, and the run's
+    start as the quota sees it (a Spark job's planning before it is not throttled)."""
+
+    def __init__(self, c, client_id: str, kind: str):
+        super().__init__(daemon=True)
+        self.args = (c, client_id, kind)
+        self.samples = []
+        self._done = threading.Event()
+        self.start()
+
+    def run(self):
+        while not self._done.is_set():
+            self.samples.append((time.monotonic(), _metric(self.args[0], "client_bytes_total",
+                                                          *self.args[1:])))
+            time.sleep(0.02)
+
+    def stop(self) -> tuple:
+        """(steady rate after ``SETTLE_S``, whole-run seconds since the first bytes)."""
+        end = time.monotonic()
+        self._done.set()
+        self.join()
+        total = _metric(self.args[0], "client_bytes_total", *self.args[1:])
+        first = next(t for t, b in self.samples if b)
+        t1, b1 = next((t, b) for t, b in self.samples if t >= first + SETTLE_S)
+        return (total - b1) / (end - t1), end - first
+
+
+class Loop(threading.Thread):
+    """Runs ``step()`` until ``SECONDS`` have passed (or ``once``); keeps the error if any."""
+
+    def __init__(self, step, once: bool = False):
+        super().__init__(daemon=True)
+        self.step, self.once = step, once
+        self.error = None
+        self.runs = 0
+        self.took = 0.0
+
+    def run(self):
+        start = time.monotonic()
+        try:
+            while True:
+                self.step()
+                self.runs += 1
+                if self.once or time.monotonic() - start >= SECONDS:
+                    break
+        except BaseException as exc:      # noqa: BLE001  (reported by the test)
+            self.error = exc
+        self.took = time.monotonic() - start
+
+    def result(self):
+        self.join(SECONDS * 10 + 120)
+        assert not self.is_alive(), "the job did not end"
+        if self.error is not None:
+            raise self.error
+        return self
+
+
+def test_a_produce_quota_holds_a_writer_to_it_and_leaves_the_other_alone(
+        ks, url, cluster, coordinators, token_path):  # noqa: F811
+    c = coordinators(cluster)
+    admin = Admin(url, create=False)
+    admin.alter_client_quotas("A", {"producer_byte_rate": X})
+    for t in ("ta", "tb"):
+        admin.create_topic(t, 2)
+    big = _rows(ks, int(SECONDS * X / VALUE_BYTES), 2)      # A: one job, two tasks, X x run
+    small = _rows(ks, int(2 * X / VALUE_BYTES))             # B: jobs of ~8 MB, one task
+    write(small, url, topic="warm", createTopic="true")     # Python workers started, warm
+
+    def job(client_id, topic, df):
+        return lambda: write(df, url, topic=topic, **{"kafka.client.id": client_id,
+                                                      "coordinator.tokenFile": token_path})
+    # a task reports what each Arrow batch encoded: 1 MB batches, a quarter second of quota
+    ks.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(CHUNK // VALUE_BYTES))
+    try:
+        meter = Meter(c, "A", "produce")
+        a, b = Loop(job("A", "ta", big), once=True), Loop(job("B", "tb", small))
+        a.start(), b.start()
+        a.result()
+        rate, took = meter.stop()
+        b.result()
+    finally:
+        ks.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    produced = _metric(c, "client_bytes_total", "A", "produce")
+    assert produced > SECONDS * X
+    assert rate == pytest.approx(X, rel=0.10), (rate, produced, took)
+    assert produced <= X * (took + 2) + 2 * CHUNK, (rate, produced, took)
+    assert _metric(c, "client_throttle_seconds_total", "A", "produce") > SECONDS / 2
+    assert _metric(c, "client_throttle_seconds_total", "B", "produce") == 0
+    assert b.runs >= 2
+    # every job acknowledged is there, whole: slowed down, never refused
+    latest = admin.list_offsets({(t, p): "latest" for t in ("ta", "tb") for p in (0, 1)})
+    assert latest[("ta", 0)].offset + latest[("ta", 1)].offset == big.count()
+    assert latest[("tb", 0)].offset + latest[("tb", 1)].offset == b.runs * small.count()
+
+
+def test_a_fetch_quota_holds_a_batch_read_to_it(ks, url, cluster, coordinators,
+                                                token_path):  # noqa: F811
+    c = coordinators(cluster)
+    admin = Admin(url, create=False)
+    # one partition, one task: a waiting task holds its core (docs/operations.md), and B
+    # needs the other one of local[2]
+    n = _fill(ks, url, "ta", X * SECONDS, partitions=1)
+    _fill(ks, url, "tb", 2 * X)
+    _warm(ks, url, "tb")
+    admin.alter_client_quotas("A", {"consumer_byte_rate": X})
+    time.sleep(1.1)                 # the fill's requests had the coordinator read quotas
+
+    def read(client_id, topic):
+        def run():
+            got = (ks.read.format("kafkalog").option("subscribe", topic)
+                   .option("kafka.client.id", client_id)
+                   .option("coordinator.tokenFile", token_path).load(url)
+                   .selectExpr("count(*) AS n", "sum(length(value)) AS b").collect()[0])
+            results.setdefault(client_id, []).append(got["n"])
+        return run
+    results = {}
+    meter = Meter(c, "A", "fetch")
+    a, b = Loop(read("A", "ta"), once=True), Loop(read("B", "tb"))
+    a.start(), b.start()
+    a.result()
+    rate, took = meter.stop()
+    b.result()
+    assert results["A"] == [n]
+    fetched = _metric(c, "client_bytes_total", "A", "fetch")
+    assert fetched > n * VALUE_BYTES
+    assert rate == pytest.approx(X, rel=0.10), (rate, fetched, took)
+    print(f"batch read: steady {rate / X:.3f} X, whole run {fetched / took / X:.3f} X")
+    # over the whole run: at most the burst of one window, the window's edges and the first
+    # fetch more
+    assert fetched <= X * (took + 2) + CHUNK, (rate, fetched, took)
+    assert _metric(c, "client_throttle_seconds_total", "B", "fetch") == 0
+    assert b.runs >= 2, b.runs
+    assert set(results["B"]) == {int(2 * X / VALUE_BYTES)}
+
+
+def test_a_fetch_quota_holds_a_streaming_query_to_it_and_shows_in_its_progress(
+        ks, url, cluster, coordinators, token_path, tmp_path):  # noqa: F811
+    c = coordinators(cluster)
+    admin = Admin(url, create=False)
+    n = _fill(ks, url, "ta", X * SECONDS)
+    _fill(ks, url, "tb", 2 * X)
+    _warm(ks, url, "tb")
+    admin.alter_client_quotas("A", {"consumer_byte_rate": X})
+    time.sleep(1.1)
+
+    def start(client_id, topic):
+        return (ks.readStream.format("kafkalog").option("subscribe", topic)
+                .option("startingOffsets", "earliest")
+                .option("maxBytesPerTrigger", str(int(X * SECONDS / 5)))
+                .option("kafka.client.id", client_id)
+                .option("coordinator.tokenFile", token_path).load(url)
+                .writeStream.format("noop")
+                .option("checkpointLocation", str(tmp_path / f"ck-{client_id}"))
+                .trigger(availableNow=True).start())
+    meter = Meter(c, "A", "fetch")
+    qa, qb = start("A", "ta"), start("B", "tb")
+    qa.awaitTermination(SECONDS * 10 + 120)
+    rate, took = meter.stop()
+    qb.awaitTermination(SECONDS * 10 + 120)
+    assert qa.exception() is None and qb.exception() is None
+    progress = [p for p in qa.recentProgress if p["numInputRows"]]
+    assert sum(p["numInputRows"] for p in progress) == n and len(progress) >= 4
+
+    fetched = _metric(c, "client_bytes_total", "A", "fetch")
+    # between micro-batches no task reads: the steady rate may fall short of X, never exceed it
+    assert rate == pytest.approx(X, rel=0.10), (rate, fetched, took)
+    assert fetched <= X * (took + 2) + 2 * CHUNK, (rate, fetched, took)
+    # the progress of a later trigger shows the waits of the earlier batches' tasks
+    shown = json.loads(progress[-1]["sources"][0]["latestOffset"])["$throttle"]
+    assert shown["client_id"] == "A" and shown["quota"] == X
+    assert shown["fetch-throttle-time-max"] > 0
+    b_shown = json.loads(qb.lastProgress["sources"][0]["latestOffset"])["$throttle"]
+    assert b_shown["client_id"] == "B" and b_shown["fetch-throttle-time-max"] == 0
+    assert _metric(c, "client_throttle_seconds_total", "B", "fetch") == 0
+
+
+def test_two_jobs_with_one_client_id_share_its_quota(ks, url, cluster, coordinators,
+                                                     token_path):  # noqa: F811
+    c = coordinators(cluster)
+    admin = Admin(url, create=False)
+    half = X * SECONDS / 4
+    n1, n2 = _fill(ks, url, "t1", half), _fill(ks, url, "t2", half)
+    _warm(ks, url, "t1")
+    admin.alter_client_quotas("shared", {"consumer_byte_rate": X})
+    time.sleep(1.1)
+
+    def read(topic):
+        return lambda: (ks.read.format("kafkalog").option("subscribe", topic)
+                        .option("kafka.client.id", "shared")
+                        .option("coordinator.tokenFile", token_path).load(url).count())
+    meter = Meter(c, "shared", "fetch")
+    jobs = [Loop(read("t1"), once=True), Loop(read("t2"), once=True)]
+    for j in jobs:
+        j.start()
+    for j in jobs:
+        j.result()
+    rate, took = meter.stop()
+    fetched = _metric(c, "client_bytes_total", "shared", "fetch")
+    assert fetched > (n1 + n2) * VALUE_BYTES
+    # together at the one quota: each alone would have run at it
+    assert rate == pytest.approx(X, rel=0.10), (rate, fetched, took)
