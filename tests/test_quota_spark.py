@@ -273,3 +273,32 @@ def test_two_jobs_with_one_client_id_share_its_quota(ks, url, cluster, coordinat
     assert fetched > (n1 + n2) * VALUE_BYTES
     # together at the one quota: each alone would have run at it
     assert rate == pytest.approx(X, rel=0.10), (rate, fetched, took)
+
+
+def test_a_streaming_sink_is_held_to_its_produce_quota(ks, url, cluster, coordinators,
+                                                       token_path, tmp_path):  # noqa: F811
+    """kafkalog → kafkalog: the sink's tasks wait for the query's client id's produce quota,
+    and its micro-batches still commit exactly once."""
+    c = coordinators(cluster)
+    admin = Admin(url, create=False)
+    n = _fill(ks, url, "src", 4 * X)
+    admin.create_topic("dst", 2)
+    admin.alter_client_quotas("S", {"producer_byte_rate": X})
+    time.sleep(1.1)
+    start = time.monotonic()
+    q = (ks.readStream.format("kafkalog").option("subscribe", "src")
+         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(n // 4))
+         .load(url).select("key", "value").writeStream.format("kafkalog")
+         .option("topic", "dst").option("kafka.client.id", "S")
+         .option("coordinator.tokenFile", token_path)
+         .option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(availableNow=True).start(url))
+    q.awaitTermination(600)
+    took = time.monotonic() - start
+    assert q.exception() is None
+    produced = _metric(c, "client_bytes_total", "S", "produce")
+    assert produced > n * VALUE_BYTES
+    assert took >= produced / X - 1.5          # 4 s of quota, less the one window's burst
+    assert _metric(c, "client_throttle_seconds_total", "S", "produce") > 1.0
+    latest = admin.list_offsets({("dst", p): "latest" for p in (0, 1)})
+    assert sum(r.offset for r in latest.values()) == n
