@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -190,3 +191,35 @@ def test_a_coordinator_that_stops_leaves_clients_unthrottled(url, cluster,
     c.stop()
     assert q.produced(5000) == 0          # not failed: unthrottled, and said once at WARN
     assert q.stats["produce"].requests == 1
+
+
+def test_a_planner_hands_its_tasks_the_coordinator_and_warns_without_one(
+        url, cluster, coordinators, caplog, monkeypatch):  # noqa: F811
+    """Spark's planner looks for the coordinator once; its tasks report to the lease it saw
+    without listing the metadata log, and with none active the planner says once at WARN that
+    the client id's quota is not enforced."""
+    from pyspark_kafkalog.cluster.cluster import Cluster
+    from pyspark_kafkalog.storage.local import LocalStorage
+    setup = Admin(url, create=False)
+    setup.alter_client_quotas("etl", {"consumer_byte_rate": 1000})
+    with caplog.at_level(logging.WARNING, logger=quota_client.__name__):
+        assert quota_client.planned_coordinator(cluster, cluster.state(), "etl", "fetch") is None
+        assert quota_client.planned_coordinator(cluster, cluster.state(), "etl", "fetch") is None
+    assert len([r for r in caplog.records if "not enforced" in r.getMessage()]) == 1
+    coordinators(cluster)
+    lease = quota_client.planned_coordinator(cluster, cluster.state(), "etl", "fetch")
+    assert lease["holder"] and lease["address"]
+    task_cluster = Cluster(url, create=False)        # what a task opens
+    listed = []                                      # by this thread (the coordinator
+    real = LocalStorage.list                         # reads the log in its own threads)
+    main = threading.current_thread()
+
+    def counting(self, path, *a, **k):
+        if threading.current_thread() is main:
+            listed.append(path)
+        return real(self, path, *a, **k)
+    monkeypatch.setattr(LocalStorage, "list", counting)
+    q = QuotaClient(task_cluster, "etl", planned=quota_client.Planned(lease),
+                    sleep=lambda s: None)
+    assert q.fetched(5000) > 0                       # over 1000 B/s: throttled
+    assert listed == []

@@ -158,6 +158,10 @@ class ReadSplit:
     this order (picklable)."""
 
     ranges: List[ReadTask]
+    #: the lease of the coordinator that was active when the split was planned (the state's
+    #: ``coordinator``): the task reports its fetches to it for the client id's quota (KIP-13,
+    #: docs/protocol.md §12.1); None: none was, and the task is not throttled
+    coordinator: Optional[dict] = None
 
     @property
     def bytes(self) -> int:

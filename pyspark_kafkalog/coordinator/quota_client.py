@@ -83,9 +83,11 @@ class ThrottleStats:
                 f"{kind}-throttle-time-avg": round(self.avg_ms, 1)}
 
 
-def _no_coordinator(cluster) -> str:
-    """Why no coordinator can be asked, from the lease in the metadata log ("" when one may)."""
-    lease = current_lease(cluster.state())
+def _no_coordinator(cluster, state=None) -> str:
+    """Why no coordinator can be asked, from the lease in the metadata log ("" when one may).
+    ``state``: a replayed state (or anything with its ``coordinator``) the caller already
+    has, to look at instead of the log."""
+    lease = current_lease(state if state is not None else cluster.state())
     if lease is None or not lease.holder or not lease.address:
         return "none is active"
     if cluster.now_ms() >= lease.expires_ms:
@@ -100,8 +102,9 @@ class _Connections:
         self._lock = threading.Lock()
         self._by_cluster: Dict[Tuple[str, Optional[str]], Tuple[object, float, str]] = {}
 
-    def get(self, cluster, token_file: Optional[str]):
-        """A connected client, or (None, why) when there is no coordinator to ask now."""
+    def get(self, cluster, token_file: Optional[str], state=None):
+        """A connected client, or (None, why) when there is no coordinator to ask now.
+        ``state``: as for :func:`_no_coordinator`."""
         key = (cluster.url, token_file)
         now = time.monotonic()
         with self._lock:
@@ -109,11 +112,12 @@ class _Connections:
             if client is not None or now - at < REDISCOVER_S:
                 return client, why
             try:
-                why = _no_coordinator(cluster)
+                why = _no_coordinator(cluster, state)
                 client = None
                 if not why:     # only now gRPC: a cluster without a coordinator never loads it
                     from .discovery import connect
-                    client = connect(cluster, token_file=token_file, timeout_s=USAGE_TIMEOUT_S)
+                    client = connect(cluster, token_file=token_file, timeout_s=USAGE_TIMEOUT_S,
+                                     state=state)
             except _UNAVAILABLE as exc:
                 client, why = None, str(exc)
             self._by_cluster[key] = (client, now, why)
@@ -145,16 +149,56 @@ _warned: set = set()
 _warned_lock = threading.Lock()
 
 
+def warn_unenforced(cluster_url: str, client_id: str, quotas, kind: str, why: str) -> None:
+    """Say once per process, cluster and client id, when a quota applies but nothing can
+    enforce it."""
+    key = (cluster_url, client_id)
+    if key in _warned:
+        return
+    quota = quota_for(quotas, client_id, kind)
+    if quota is None:
+        return
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning("client id %r has a %s quota of %g bytes/s, but it is not enforced: no "
+                "coordinator can be asked (%s)", client_id, kind, quota, why or "none is active")
+
+
+def planned_coordinator(cluster, state, client_id: Optional[str], kind: str) -> Optional[dict]:
+    """For a planner: the lease of the coordinator its tasks report to (the state's
+    ``coordinator``, small enough to ship with every task, which then need not list the
+    metadata log to find it), or None when none is active, said at WARN if the client id has
+    a quota."""
+    why = _no_coordinator(cluster, state)
+    if why:
+        warn_unenforced(cluster.url, client_id or DEFAULT_CLIENT_ID, state.client_quotas, kind,
+                        why)
+        return None
+    return dict(state.coordinator)
+
+
+class Planned:
+    """What :class:`QuotaClient` needs of a planner's state: its ``coordinator``."""
+
+    def __init__(self, coordinator: dict):
+        self.coordinator = coordinator
+
+
 class QuotaClient:
     """One client id's throttling against one cluster. ``produced(n)`` after ``n`` bytes were
     written (before the write is reported acknowledged); ``fetched(n)`` after ``n`` bytes were
     read (before the records are handed out). Both block for the throttle time; ``stats`` holds
     what they waited, per kind.
 
-    ``token_file``: the coordinator's token (else ``$KAFKALOG_COORDINATOR_TOKEN``)."""
+    ``token_file``: the coordinator's token (else ``$KAFKALOG_COORDINATOR_TOKEN``).
+    ``planned``: the state a planner read (anything with its ``coordinator``), so that a task
+    finds the coordinator it planned with without listing the metadata log; after a failure
+    the client looks in the log itself."""
 
     def __init__(self, cluster, client_id: Optional[str] = None, *,
-                 token_file: Optional[str] = None,
+                 token_file: Optional[str] = None, planned=None,
                  sleep: Callable[[float], None] = time.sleep):
         if client_id is not None and (not isinstance(client_id, str)
                                       or len(client_id) > MAX_CLIENT_ID):
@@ -163,6 +207,7 @@ class QuotaClient:
         self.cluster = cluster
         self.client_id = DEFAULT_CLIENT_ID if client_id is None else client_id
         self.token_file = token_file
+        self._planned = planned
         self._sleep = sleep
         self.stats: Dict[str, ThrottleStats] = {PRODUCE: ThrottleStats(), FETCH: ThrottleStats()}
 
@@ -176,7 +221,7 @@ class QuotaClient:
         """Report, then wait; the throttle time in ms."""
         if nbytes <= 0:
             return 0
-        client, why = CONNECTIONS.get(self.cluster, self.token_file)
+        client, why = CONNECTIONS.get(self.cluster, self.token_file, self._planned)
         if client is None:
             self._unenforced(kind, why)
             return 0
@@ -184,6 +229,7 @@ class QuotaClient:
             answer = client.call("RecordUsage", {"client_id": self.client_id, "kind": kind,
                                                  "bytes": int(nbytes)})
         except _UNAVAILABLE as exc:
+            self._planned = None
             CONNECTIONS.lost(self.cluster, self.token_file, client, str(exc))
             self._unenforced(kind, str(exc))
             return 0
@@ -196,25 +242,13 @@ class QuotaClient:
         return throttle_ms
 
     def _unenforced(self, kind: str, why: str) -> None:
-        """Say once per process, cluster and client id, when a quota applies but nothing can
-        enforce it."""
-        key = (self.cluster.url, self.client_id)
-        if key in _warned:
+        if (self.cluster.url, self.client_id) in _warned:
             return
         try:
-            quota = quota_for(self.cluster.state(refresh=False).client_quotas, self.client_id,
-                              kind)
+            quotas = self.cluster.state(refresh=False).client_quotas
         except Exception:      # the warning must never fail a read or a write
             return
-        if quota is None:
-            return
-        with _warned_lock:
-            if key in _warned:
-                return
-            _warned.add(key)
-        log.warning("client id %r has a %s quota of %g bytes/s, but it is not enforced: no "
-                    "coordinator can be asked (%s)", self.client_id, kind, quota,
-                    why or "none is active")
+        warn_unenforced(self.cluster.url, self.client_id, quotas, kind, why)
 
     def usage(self) -> Optional[dict]:
         """The coordinator's view of this client id (``ClientUsage``: every process's requests,

@@ -29,11 +29,11 @@ from pyspark.sql.datasource import (DataSourceReader, EqualNullSafe, EqualTo, Gr
 
 from ..cluster.read_plan import Bounds, ReadSplit, ReadTask, pack, plan
 from ..cluster.range_reader import read_range
-from ..cluster.sources import CLUSTER, normalize_url, open_source
+from ..cluster.sources import CLUSTER, ClusterSource, normalize_url, open_source
 from ..errors import InvalidConfigError, OffsetOutOfRangeError
 from ..log.segment import ReadStats
 from . import worker_gc
-from .quota import log_throttled, task_quota
+from .quota import log_throttled, plan_coordinator, task_quota
 from .read_options import ReadOptions
 from .schema import kafka_schema
 
@@ -163,12 +163,13 @@ def _append_stats(path: str, record: dict) -> None:
 
 
 def _quota(split: ReadSplit, opts):
-    """The task's fetch throttling (KIP-13), for a cluster's topics; a plain Kafka log dir has
-    no coordinator and no quotas."""
-    if not split.ranges or split.ranges[0].handle.kind != CLUSTER:
+    """The task's fetch throttling (KIP-13): by the coordinator its planner saw active; none
+    for a plain Kafka log dir, or when none was."""
+    coordinator = getattr(split, "coordinator", None)
+    if coordinator is None or not split.ranges or split.ranges[0].handle.kind != CLUSTER:
         return None
     return task_quota(opts.path, opts.storage_options, opts.client_id,
-                      opts.coordinator_token_file)
+                      opts.coordinator_token_file, coordinator=coordinator)
 
 
 def read_split(split: ReadSplit, opts) -> Iterator:
@@ -258,6 +259,8 @@ class KafkaLogReader(DataSourceReader):
         splits = pack(ranges, opts.max_partition_bytes, opts.open_cost_in_bytes,
                       opts.min_partitions, opts.max_records_per_partition,
                       opts.min_partition_num)
+        if isinstance(source, ClusterSource):
+            plan_coordinator(splits, source.cluster, source.state, opts.client_id)
         if opts.stats_file:
             _append_stats(opts.stats_file, {"phase": "plan", "tasks": len(splits),
                                             "ranges": len(ranges),

@@ -29,6 +29,7 @@ from ..cluster.stream_plan import Limits, SourceOffset, admit, batch_ranges, spl
 from ..errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from . import worker_gc
 from .read_options import ReadOptions
+from .quota import plan_coordinator
 from .reader import KafkaLogInputPartition, checked_options, read_split
 
 log = logging.getLogger(__name__)
@@ -455,6 +456,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         splits = pack(tasks, opts.max_partition_bytes, opts.open_cost_in_bytes,
                       opts.min_partitions, opts.max_records_per_partition,
                       opts.min_partition_num)
+        plan_coordinator(splits, self._cluster, self._positions.state, opts.client_id)
         return [KafkaLogInputPartition(s) for s in splits]
 
     def read(self, partition: InputPartition) -> Iterator:
