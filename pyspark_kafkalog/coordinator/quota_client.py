@@ -113,6 +113,9 @@ class _Connections:
                 return client, why
             try:
                 why = _no_coordinator(cluster, state)
+                if why and state is not None:   # a planner's lease may have been renewed since
+                    state = None
+                    why = _no_coordinator(cluster)
                 client = None
                 if not why:     # only now gRPC: a cluster without a coordinator never loads it
                     from .discovery import connect

@@ -217,6 +217,9 @@ class WriteOptions:
     #: KIP-13: whose produce quota the tasks count against (None: the empty client id)
     client_id: Optional[str] = None
     coordinator_token_file: Optional[str] = None
+    #: not an option: the lease of the coordinator active when the driver prepared the write
+    #: (``writer.prepare_sink``), which the tasks report to; None: none was
+    coordinator: Optional[dict] = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], validate: bool = True,

@@ -34,7 +34,7 @@ from ..cluster.spark_job import (abort_job, commit_job, ensure_topic, job_produc
 from ..cluster.cluster import Cluster
 from ..cluster.producer import PendingWrite
 from ..cluster.quotas import PRODUCE
-from ..coordinator.quota_client import ThrottleStats
+from ..coordinator.quota_client import ThrottleStats, planned_coordinator
 from ..errors import InvalidConfigError
 from . import worker_gc
 from .quota import log_throttled, task_quota
@@ -97,7 +97,9 @@ def prepare_sink(options: WriteOptions, schema) -> WriteOptions:
                      partitions=options.topic_partitions,
                      replication_factor=options.topic_replication_factor,
                      configs=options.topic_configs)
-    return options
+    # the coordinator the tasks report their bytes to (KIP-13), found once here
+    return replace(options, coordinator=planned_coordinator(
+        cluster, cluster.state(refresh=False), options.client_id, PRODUCE))
 
 
 def sink_cluster(options: WriteOptions) -> Cluster:
@@ -112,7 +114,8 @@ def write_task(options: WriteOptions, producer: str, iterator: Iterator,
     cluster = sink_cluster(options)
     tw = TaskWriter(cluster, options, producer=producer)
     quota = task_quota(options.path, options.storage_options, options.client_id,
-                       options.coordinator_token_file, cluster)
+                       options.coordinator_token_file, cluster, options.coordinator) \
+        if options.coordinator else None
     reported = 0
     try:
         # KIP-13: the record batches each Arrow batch closed are reported, and the wait done,
@@ -121,18 +124,20 @@ def write_task(options: WriteOptions, producer: str, iterator: Iterator,
         for batch in iterator:
             tw.add(batch)
             encoded = tw.stats.bytes + tw.encoded_bytes
-            if encoded > reported:
+            if quota is not None and encoded > reported:
                 quota.produced(encoded - reported)
                 reported = encoded
         pending = tw.finish()
-        quota.produced(tw.stats.bytes - reported)
+        if quota is not None:
+            quota.produced(tw.stats.bytes - reported)
     except BaseException:
         tw.abort()
         raise
-    log_throttled(quota, "write task")
     s = tw.stats
     message = message if message is not None else KafkaLogCommitMessage()
-    message.throttle = quota.stats[PRODUCE].to_json()
+    if quota is not None:
+        log_throttled(quota, "write task")
+        message.throttle = quota.stats[PRODUCE].to_json()
     message.pending = [p.to_json() for p in pending]
     message.records, message.batches = s.records, s.batches
     message.bytes, message.segments = s.bytes, s.segments
