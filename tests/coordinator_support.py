@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cli_support import REPO
 from pyspark_kafkalog.cluster.cluster import Cluster
+from pyspark_kafkalog.coordinator import quota_client
 from pyspark_kafkalog.coordinator.service import Coordinator
 
 DEADLINE_S = 90.0
@@ -64,10 +65,13 @@ def cluster(url) -> Cluster:
 
 @pytest.fixture
 def token_file(tmp_path):
+    """The test's token in a file; afterwards this process's cached connections to the
+    test's coordinator (quota clients') are dropped."""
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")
     path.chmod(0o600)
-    return str(path)
+    yield str(path)
+    quota_client.CONNECTIONS.clear()
 
 
 @pytest.fixture

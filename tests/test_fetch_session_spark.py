@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from coordinator_support import TOKEN, cluster, coordinators, eventually, url  # noqa: F401
+from coordinator_support import (cluster, coordinators, eventually,  # noqa: F401
+                                 token_file, url)
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.coordinator import quota_client
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -26,17 +26,8 @@ def coordinator_defaults() -> dict:
             "fetch_session_min_eviction_ms": MIN_EVICTION_MS}
 
 
-@pytest.fixture
-def token_path(tmp_path):
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    path.chmod(0o600)
-    yield str(path)
-    quota_client.CONNECTIONS.clear()
-
-
 def test_more_streaming_queries_than_slots_evict_by_kip_227s_rules(
-        ks, url, cluster, coordinators, token_path, tmp_path):  # noqa: F811
+        ks, url, cluster, coordinators, token_file, tmp_path):  # noqa: F811
     c = coordinators(cluster)
     cache = c.fetch_sessions.cache
     admin = Admin(url, create=False)
@@ -48,7 +39,7 @@ def test_more_streaming_queries_than_slots_evict_by_kip_227s_rules(
         return (ks.readStream.format("kafkalog")
                 .option("assign", '{"t": %s}' % list(partitions))
                 .option("startingOffsets", "earliest")
-                .option("coordinator.tokenFile", token_path).load(url)
+                .option("coordinator.tokenFile", token_file).load(url)
                 .selectExpr("partition").writeStream.format("memory").queryName(name)
                 .option("checkpointLocation", str(tmp_path / name))
                 .trigger(processingTime="300 milliseconds").start())

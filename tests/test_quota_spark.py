@@ -19,9 +19,9 @@ import time
 import pytest
 
 from conftest import write
-from coordinator_support import TOKEN, cluster, coordinators, url  # noqa: F401  (fixtures)
+from coordinator_support import (cluster, coordinators, token_file,  # noqa: F401
+                                 url)                                    # (fixtures)
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.coordinator import quota_client
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -38,15 +38,6 @@ def coordinator_defaults() -> dict:
             "quota_window_num": 2, "quota_window_size_s": 1}
 
 
-@pytest.fixture
-def token_path(tmp_path):
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    path.chmod(0o600)
-    yield str(path)
-    quota_client.CONNECTIONS.clear()
-
-
 def _metric(c, name: str, client_id: str, kind: str) -> float:
     return c.metrics.registry.get_sample_value(f"kafkalog_coordinator_{name}",
                                                {"client_id": client_id, "kind": kind}) or 0.0
@@ -57,10 +48,20 @@ def _rows(ks, n: int, parts: int = 1):
         "CAST(id AS STRING) AS key", f"CAST(repeat('x', {VALUE_BYTES}) AS BINARY) AS value")
 
 
-def _fill(ks, url_, topic: str, nbytes: float, partitions: int = 2) -> int:
+def _fill(ks, url_, topic: str, nbytes: float) -> int:
     n = int(nbytes / VALUE_BYTES)
-    write(_rows(ks, n, 2), url_, topic=topic, createTopic="true",
-          **{"topic.partitions": partitions})
+    write(_rows(ks, n, 2), url_, topic=topic, createTopic="true", **{"topic.partitions": 2})
+    return n
+
+
+def _fetch_setup(ks, url_) -> int:
+    """Topic ta (X x the run, for A, whose fetch quota is X) and tb (for B, none), with the
+    session's readers warm; the records of ta."""
+    n = _fill(ks, url_, "ta", X * SECONDS)
+    _fill(ks, url_, "tb", 2 * X)
+    _warm(ks, url_, "tb")
+    Admin(url_, create=False).alter_client_quotas("A", {"consumer_byte_rate": X})
+    time.sleep(1.1)                 # the fill's requests had the coordinator read quotas
     return n
 
 
@@ -137,7 +138,7 @@ class Loop(threading.Thread):
 
 
 def test_a_produce_quota_holds_a_writer_to_it_and_leaves_the_other_alone(
-        ks, url, cluster, coordinators, token_path):  # noqa: F811
+        ks, url, cluster, coordinators, token_file):  # noqa: F811
     c = coordinators(cluster)
     admin = Admin(url, create=False)
     admin.alter_client_quotas("A", {"producer_byte_rate": X})
@@ -149,7 +150,7 @@ def test_a_produce_quota_holds_a_writer_to_it_and_leaves_the_other_alone(
 
     def job(client_id, topic, df):
         return lambda: write(df, url, topic=topic, **{"kafka.client.id": client_id,
-                                                      "coordinator.tokenFile": token_path})
+                                                      "coordinator.tokenFile": token_file})
     # a task reports what each Arrow batch encoded: 1 MB batches, a quarter second of quota
     ks.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(CHUNK // VALUE_BYTES))
     try:
@@ -176,20 +177,15 @@ def test_a_produce_quota_holds_a_writer_to_it_and_leaves_the_other_alone(
 
 
 def test_a_fetch_quota_holds_a_batch_read_to_it(ks, url, cluster, coordinators,
-                                                token_path):  # noqa: F811
+                                                token_file):  # noqa: F811
     c = coordinators(cluster)
-    admin = Admin(url, create=False)
-    n = _fill(ks, url, "ta", X * SECONDS)
-    _fill(ks, url, "tb", 2 * X)
-    _warm(ks, url, "tb")
-    admin.alter_client_quotas("A", {"consumer_byte_rate": X})
-    time.sleep(1.1)                 # the fill's requests had the coordinator read quotas
+    n = _fetch_setup(ks, url)
 
     def read(client_id, topic):
         def run():
             got = (ks.read.format("kafkalog").option("subscribe", topic)
                    .option("kafka.client.id", client_id)
-                   .option("coordinator.tokenFile", token_path).load(url)
+                   .option("coordinator.tokenFile", token_file).load(url)
                    .selectExpr("count(*) AS n", "sum(length(value)) AS b").collect()[0])
             results.setdefault(client_id, []).append(got["n"])
         return run
@@ -216,21 +212,16 @@ def test_a_fetch_quota_holds_a_batch_read_to_it(ks, url, cluster, coordinators,
 
 
 def test_a_fetch_quota_holds_a_streaming_query_to_it_and_shows_in_its_progress(
-        ks, url, cluster, coordinators, token_path, tmp_path):  # noqa: F811
+        ks, url, cluster, coordinators, token_file, tmp_path):  # noqa: F811
     c = coordinators(cluster)
-    admin = Admin(url, create=False)
-    n = _fill(ks, url, "ta", X * SECONDS)
-    _fill(ks, url, "tb", 2 * X)
-    _warm(ks, url, "tb")
-    admin.alter_client_quotas("A", {"consumer_byte_rate": X})
-    time.sleep(1.1)
+    n = _fetch_setup(ks, url)
 
     def start(client_id, topic):
         return (ks.readStream.format("kafkalog").option("subscribe", topic)
                 .option("startingOffsets", "earliest")
                 .option("maxBytesPerTrigger", str(int(X * SECONDS / 5)))
                 .option("kafka.client.id", client_id)
-                .option("coordinator.tokenFile", token_path).load(url)
+                .option("coordinator.tokenFile", token_file).load(url)
                 .writeStream.format("noop")
                 .option("checkpointLocation", str(tmp_path / f"ck-{client_id}"))
                 .trigger(availableNow=True).start())
@@ -257,7 +248,7 @@ def test_a_fetch_quota_holds_a_streaming_query_to_it_and_shows_in_its_progress(
 
 
 def test_two_jobs_with_one_client_id_share_its_quota(ks, url, cluster, coordinators,
-                                                     token_path):  # noqa: F811
+                                                     token_file):  # noqa: F811
     c = coordinators(cluster)
     admin = Admin(url, create=False)
     half = X * SECONDS / 4
@@ -269,7 +260,7 @@ def test_two_jobs_with_one_client_id_share_its_quota(ks, url, cluster, coordinat
     def read(topic):
         return lambda: (ks.read.format("kafkalog").option("subscribe", topic)
                         .option("kafka.client.id", "shared")
-                        .option("coordinator.tokenFile", token_path).load(url).count())
+                        .option("coordinator.tokenFile", token_file).load(url).count())
     meter = Meter(c, "shared", "fetch")
     jobs = [Loop(read("t1"), once=True), Loop(read("t2"), once=True)]
     for j in jobs:
@@ -286,7 +277,7 @@ def test_two_jobs_with_one_client_id_share_its_quota(ks, url, cluster, coordinat
 
 
 def test_a_streaming_sink_is_held_to_its_produce_quota(ks, url, cluster, coordinators,
-                                                       token_path, tmp_path):  # noqa: F811
+                                                       token_file, tmp_path):  # noqa: F811
     """kafkalog → kafkalog: the sink's tasks wait for the query's client id's produce quota,
     and its micro-batches still commit exactly once."""
     c = coordinators(cluster)
@@ -300,7 +291,7 @@ def test_a_streaming_sink_is_held_to_its_produce_quota(ks, url, cluster, coordin
          .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(n // 4))
          .load(url).select("key", "value").writeStream.format("kafkalog")
          .option("topic", "dst").option("kafka.client.id", "S")
-         .option("coordinator.tokenFile", token_path)
+         .option("coordinator.tokenFile", token_file)
          .option("checkpointLocation", str(tmp_path / "ck"))
          .trigger(availableNow=True).start(url))
     q.awaitTermination(600)
