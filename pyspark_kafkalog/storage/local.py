@@ -278,6 +278,15 @@ class LocalStorage(Storage):
         batch.add(full)
         return True
 
+    def _link_unsupported(self, e: OSError) -> None:
+        """A link failed: re-raise unless the file system has no hard links, in which case
+        atomic creation falls back to O_EXCL from now on."""
+        if e.errno not in NO_LINK_ERRNOS:
+            raise e
+        log.warning("%s: hard links unsupported (%s); create_if_absent falls back to O_EXCL "
+                    "and is no longer all-or-nothing", self.url, e)
+        self._link_ok = False
+
     def _sync_dir(self, directory: str) -> None:
         """Make a create/rename/unlink in ``directory`` itself durable (POSIX needs this)."""
         if not self._fsync or not hasattr(os, "O_DIRECTORY"):
@@ -380,11 +389,7 @@ class LocalStorage(Storage):
                 except FileExistsError:
                     raise AlreadyExistsError(f"create {where}: already exists") from None
                 except OSError as e:
-                    if e.errno not in NO_LINK_ERRNOS:
-                        raise
-                    log.warning("%s: hard links unsupported (%s); create_if_absent falls back to "
-                                "O_EXCL and is no longer all-or-nothing", self.url, e)
-                    self._link_ok = False
+                    self._link_unsupported(e)
                 else:
                     if not (deferred and self._synced_later(full)):
                         self._sync_dir(os.path.dirname(full))
@@ -495,11 +500,7 @@ class LocalStorage(Storage):
                 os.replace(tmp, full)
                 return
             except OSError as e:
-                if e.errno not in NO_LINK_ERRNOS:
-                    raise
-                log.warning("%s: hard links unsupported (%s); create_if_absent falls back to "
-                            "O_EXCL and is no longer all-or-nothing", self.url, e)
-                self._link_ok = False
+                self._link_unsupported(e)
         if not replace and os.path.lexists(full):
             raise AlreadyExistsError(f"create {where}: already exists")
         os.replace(tmp, full)
