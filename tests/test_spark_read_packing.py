@@ -41,6 +41,24 @@ def test_many_small_ranges_share_a_task_charged_their_open_cost():
     assert len(pack(tasks, 128 * MB, 128 * MB)) == 1000
 
 
+def test_the_default_open_cost_packs_a_thousand_small_partitions_onto_the_cores():
+    """kafkalog's own default (64KB, measured: docs/performance.md) rather than Spark's 4MB:
+    1,000 partitions of 100KB on two cores make two or three tasks, not 32."""
+    from pyspark_kafkalog.cluster.read_plan import DEFAULT_OPEN_COST_IN_BYTES
+    from pyspark_kafkalog.spark.read_options import ReadOptions
+    assert DEFAULT_OPEN_COST_IN_BYTES == 64 << 10
+    assert ReadOptions.parse({"path": "/x", "subscribe": "t"}).open_cost_in_bytes == 64 << 10
+    # a session that sets spark.sql.files.openCostInBytes still decides, and the option over it
+    assert ReadOptions.parse({"path": "/x", "subscribe": "t"},
+                             session={"openCostInBytes": "4m"}).open_cost_in_bytes == 4 * MB
+    assert ReadOptions.parse({"path": "/x", "subscribe": "t", "openCostInBytes": "1k"},
+                             session={"openCostInBytes": "4m"}).open_cost_in_bytes == 1024
+    tasks = [task(p, 0, 1000, 100_000) for p in range(1000)]
+    splits = pack(tasks, min_partition_num=2)
+    assert len(splits) in (2, 3) and covered(splits) == all_offsets(tasks)
+    assert len(pack(tasks, 128 * MB, 4 * MB, min_partition_num=2)) == 32
+
+
 def test_ranges_inside_a_task_come_partition_by_partition_in_offset_order():
     tasks = [task(p, 0, 10 * (p + 1), 1000 * (p + 1), topic) for topic in ("b", "a")
              for p in range(5)]

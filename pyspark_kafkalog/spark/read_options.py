@@ -49,8 +49,9 @@ option                                  kafkalog (batch read)
                                         ``register`` ran (Spark's default 128MB). Bytes or
                                         ``128MB``/``512k``/….
 ``openCostInBytes``                     as Spark's file sources: what each range is charged on
-                                        top of its bytes when packing; default the session's
-                                        ``spark.sql.files.openCostInBytes`` (Spark's 4MB).
+                                        top of its bytes when packing; default 64KB (measured
+                                        for kafkalog ranges), or the session's
+                                        ``spark.sql.files.openCostInBytes`` where it is set.
 ``includeHeaders``                      as Spark, default ``false``: adds the ``headers`` column.
 ``kafka.isolation.level``               ``read_uncommitted`` (Kafka's default) or
                                         ``read_committed``. Control records are never returned.
