@@ -291,3 +291,41 @@ def test_txn_index_errors():
         ix.encode_txn_index([ix.AbortedTxn(1, 1, 10, 20, 5)])
     with pytest.raises(InvalidRecordError, match="int64"):
         ix.encode_txn_index([ix.AbortedTxn.create(2**63, 10, 20, 5)])
+
+
+# -- small indexes are packed without numpy: the same bytes, the same refusals -------------------
+
+_pairs = st.lists(st.tuples(st.integers(-2**63, 2**63 - 1), st.integers(-2**31, 2**32)),
+                  max_size=70)
+
+
+def _outcome(fn, entries, base):
+    try:
+        return fn(entries, base)
+    except Exception as exc:   # the type and message must agree too
+        return type(exc), str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(base=st.integers(0, 2**40), deltas=_pairs, sort=st.booleans())
+def test_small_index_fast_path_matches_numpy(base, deltas, sort):
+    """Lists of up to 64 entries take a pure-Python path (a 1,000-partition write makes
+    thousands of tiny indexes); a generator takes numpy's. Valid or not, both must agree."""
+    pairs = [(base + abs(a) % 5000 if sort else base + a % 2**33, b) for a, b in deltas]
+    if sort:
+        pairs = sorted(set(pairs))
+    for encode in (ix.encode_offset_index, ix.encode_time_index):
+        entries = pairs if encode is ix.encode_offset_index else [(b, a) for a, b in pairs]
+        assert _outcome(encode, list(entries), base) == \
+            _outcome(encode, (e for e in entries), base)
+
+
+def test_small_index_fast_path_is_taken_and_exact():
+    entries = [(100 + 10 * i, 4096 * i) for i in range(1, 7)]
+    want = b"".join(struct.pack(">ii", o - 100, p) for o, p in entries)
+    assert ix.encode_offset_index(entries, 100) == want
+    assert ix._small_offset_index(entries, 100) == want
+    times = [(1_700_000_000_000 + i, 100 + i) for i in range(6)]
+    want = b"".join(struct.pack(">qi", t, o - 100) for t, o in times)
+    assert ix.encode_time_index(times, 100) == want == ix._small_time_index(times, 100)
+    assert ix._small_offset_index([(100, 0), (100, 1)], 100) is None   # numpy names it

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import operator
 import struct
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Optional
 
 import numpy as np
 
@@ -168,6 +168,38 @@ def _check_relative_range(offsets: np.ndarray, base: int) -> None:
             f"offset {bad} does not fit a 32-bit relative offset from base offset {base}")
 
 
+#: Up to this many entries an index is packed without numpy: a small segment's index (a task
+#: writing to 1,000 partitions makes thousands of them) costs more in numpy's per-call
+#: overhead than in packing its few entries.
+_SMALL = 64
+
+
+def _small_offset_index(entries, base: int) -> Optional[bytes]:
+    """The packed ``.index`` of valid int pairs, or None (then numpy's path names the fault)."""
+    flat = []
+    prev_off = prev_pos = -1
+    for off, pos in entries:
+        if type(off) is not int or type(pos) is not int or off <= prev_off or pos < prev_pos \
+                or not 0 <= off - base <= _INT32_MAX or not 0 <= pos <= _INT32_MAX:
+            return None
+        flat += (off - base, pos)
+        prev_off, prev_pos = off, pos
+    return struct.pack(f">{len(flat)}i", *flat)
+
+
+def _small_time_index(entries, base: int) -> Optional[bytes]:
+    """The packed ``.timeindex`` of valid int pairs, or None (as :func:`_small_offset_index`)."""
+    flat = []
+    prev_ts, prev_off = _INT64_MIN, -1
+    for ts, off in entries:
+        if type(ts) is not int or type(off) is not int or ts < prev_ts or off < prev_off \
+                or not _INT64_MIN <= ts <= _INT64_MAX or not 0 <= off - base <= _INT32_MAX:
+            return None
+        flat += (ts, off - base)
+        prev_ts, prev_off = ts, off
+    return struct.pack(">" + "qi" * len(entries), *flat)
+
+
 def encode_offset_entry(offset: int, position: int, base_offset: int) -> bytes:
     """One ``.index`` entry, for appending to an index as a segment grows."""
     base = _base(base_offset)
@@ -181,6 +213,10 @@ def encode_offset_entry(offset: int, position: int, base_offset: int) -> bytes:
 def encode_offset_index(entries: Iterable[tuple[int, int]], base_offset: int) -> bytes:
     """Encode (absolute offset, position) pairs; refuses what :func:`decode_offset_index` would."""
     base = _base(base_offset)
+    if type(entries) is list and len(entries) <= _SMALL:
+        fast = _small_offset_index(entries, base)
+        if fast is not None:
+            return fast
     arr = _as_pairs(entries, "offset index")
     offsets, pos = arr[:, 0], arr[:, 1]
     if arr.size:
@@ -277,6 +313,10 @@ def encode_time_entry(timestamp: int, offset: int, base_offset: int) -> bytes:
 def encode_time_index(entries: Iterable[tuple[int, int]], base_offset: int) -> bytes:
     """Encode (timestamp, absolute offset) pairs; refuses what :func:`decode_time_index` would."""
     base = _base(base_offset)
+    if type(entries) is list and len(entries) <= _SMALL:
+        fast = _small_time_index(entries, base)
+        if fast is not None:
+            return fast
     arr = _as_pairs(entries, "time index")
     ts, offsets = arr[:, 0], arr[:, 1]
     if arr.size:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 from typing import Optional
 
@@ -91,6 +92,11 @@ def writev_all(fd: int, views: list, at: Optional[int] = None) -> None:
 
 
 def ensure_dir(directory: str) -> None:
+    try:   # the common case, one stat: makedirs alone costs a stat, a failing mkdir and a stat
+        if stat.S_ISDIR(os.stat(directory).st_mode):
+            return
+    except FileNotFoundError:
+        pass
     try:
         os.makedirs(directory, exist_ok=True)
     except FileExistsError as e:  # a file is in the way: an error, never a lost create race
