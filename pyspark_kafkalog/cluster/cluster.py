@@ -82,7 +82,10 @@ class Cluster:
     def __init__(self, url: str, *, create: bool = True, principal: Optional[str] = None,
                  transaction_timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS,
                  clock: Callable[[], float] = time.time, snapshot_interval: int = 50,
-                 **storage_options):
+                 shared_state: bool = False, **storage_options):
+        """``shared_state``: start from (and add to) the metadata state this process replayed
+        before for this cluster (``metalog._SHARED``), for processes that open the same cluster
+        again and again: Spark's reused Python workers, one write task after another."""
         if not isinstance(url, str) or not url:
             raise InvalidConfigError(f"cluster URL must be a non-empty string, got {url!r}")
         self.url = url
@@ -98,6 +101,8 @@ class Cluster:
         self._reserved_ms: Dict[str, float] = {}   # txn -> mtime of its reserve entry (immutable)
         self.metalog = MetadataLog(self.storage, snapshot_interval=snapshot_interval, clock=clock)
         self.meta = self._load_or_create(create)
+        if shared_state:
+            self.metalog.share_key = (url, self.meta["cluster_id"])
         #: the log dirs under the root (``cluster.json``); :attr:`logdirs` adds registered ones
         self.root_logdirs: List[str] = list(self.meta["logdirs"])
         self.storage.set_local(self.root_logdirs)

@@ -102,8 +102,11 @@ def prepare_sink(options: WriteOptions, schema) -> WriteOptions:
         cluster, cluster.state(refresh=False), options.client_id, PRODUCE))
 
 
-def sink_cluster(options: WriteOptions) -> Cluster:
-    return Cluster(options.path, create=False, **options.cluster_kwargs())
+def sink_cluster(options: WriteOptions, shared_state: bool = False) -> Cluster:
+    """The cluster a sink writes to; ``shared_state`` for tasks, which Spark runs one after
+    another in reused Python workers (the driver's commit runs in a fresh one)."""
+    return Cluster(options.path, create=False, shared_state=shared_state,
+                   **options.cluster_kwargs())
 
 
 def write_task(options: WriteOptions, producer: str, iterator: Iterator,
@@ -111,7 +114,7 @@ def write_task(options: WriteOptions, producer: str, iterator: Iterator,
     """One task: reserve and write its rows under ``producer``; ``message`` (a
     ``KafkaLogCommitMessage``) gets the pending writes and counts."""
     worker_gc.freeze_once()
-    cluster = sink_cluster(options)
+    cluster = sink_cluster(options, shared_state=True)
     tw = TaskWriter(cluster, options, producer=producer)
     quota = task_quota(options.path, options.storage_options, options.client_id,
                        options.coordinator_token_file, cluster, options.coordinator) \
