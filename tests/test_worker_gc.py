@@ -64,7 +64,7 @@ def test_the_reader_and_writer_freeze_before_their_task(monkeypatch):
     monkeypatch.setattr(writer, "TaskWriter", stop)
     w = writer.KafkaLogWriter.__new__(writer.KafkaLogWriter)
     w.options = w.producer = None
-    monkeypatch.setattr(writer, "sink_cluster", lambda options: None)
+    monkeypatch.setattr(writer, "sink_cluster", lambda options, shared_state=False: None)
     with pytest.raises(Stop):
         w.write(iter(()))
     assert calls == [1]
