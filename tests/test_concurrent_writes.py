@@ -30,6 +30,14 @@ from spool_support import segment_files, temp_files
 PARTITIONS = 4
 
 
+@pytest.fixture(autouse=True)
+def small_partitions_concurrent_too(monkeypatch):
+    """These tests are about the concurrent path, with partitions of tens of KB, which a
+    write now runs one by one (``CONCURRENT_MIN_BYTES``): lower the bar for them."""
+    from pyspark_kafkalog.log import segment_writer
+    monkeypatch.setattr(segment_writer, "CONCURRENT_MIN_BYTES", 0)
+
+
 def test_run_all_runs_the_jobs_together_and_waits_for_every_one_before_raising():
     together = threading.Barrier(3, timeout=20)   # passes only when three jobs run at once
     ended, threads = [], set()
@@ -147,3 +155,29 @@ def test_concurrent_and_one_by_one_writes_give_the_same_segments(tmp_path, monke
         written[concurrent] = segment_files(url)
     assert len(written[True]) > 3 * PARTITIONS     # several segments per partition
     assert written[True] == written[False]
+
+
+def test_small_partitions_are_written_in_the_calling_thread_large_ones_on_the_pool(
+        tmp_path, monkeypatch):
+    """Page-cache writes of small partitions have no device wait to overlap (their files are
+    synced together afterwards), only Python work contending for the GIL; from 1 MiB per
+    partition on average (O_DIRECT segments) the pool overlaps the waits."""
+    from pyspark_kafkalog.cluster import producer as producer_module
+    from pyspark_kafkalog.log import segment_writer
+    monkeypatch.setattr(segment_writer, "CONCURRENT_MIN_BYTES", 1 << 20)
+    assert not segment_writer.worth_concurrent(4 * (1 << 20) - 1, 4)
+    assert segment_writer.worth_concurrent(4 * (1 << 20), 4)
+    assert not segment_writer.worth_concurrent(8 << 20, 1)
+    seen = []
+    real = producer_module.run_all
+    monkeypatch.setattr(producer_module, "run_all",
+                        lambda jobs, concurrent: seen.append(concurrent) or real(jobs, concurrent))
+    url = str(tmp_path / "c")
+    Admin(_cluster(url)).create_topic("t", PARTITIONS)
+    prod = Producer(_cluster(url))
+    prod.commit([prod.write(_batches(prod))])              # ~75 KB per partition
+    big = {("t", p): prod.encode("t", [Record(b"k", bytes(300_000), 0)] * 4, batch_records=1)
+           for p in range(PARTITIONS)}                     # 1.2 MB per partition
+    prod.commit([prod.write(big)])
+    assert seen == [False, True]
+    assert len(list(Admin(_cluster(url)).consume("t"))) == PARTITIONS * 504

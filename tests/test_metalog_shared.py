@@ -108,3 +108,33 @@ def test_results_of_a_shared_start_are_a_clean_state(tmp_path, applied):
     shared = Cluster(url, create=False, shared_state=True).state()
     assert isinstance(shared, ClusterState)
     assert Cluster(url, create=False, shared_state=True).state() is shared
+
+
+def test_a_snapshot_follows_the_entry_that_leaves_too_much_to_replay(tmp_path, monkeypatch,
+                                                                     applied):
+    """Besides every 50th entry, a writer snapshots after an entry that leaves
+    SNAPSHOT_REPLAY_CHANGES partition changes to replay (docs/protocol.md §2): a log of
+    1,000-partition jobs stays cheap to open. Scaled down: 10 partitions, a limit of 45."""
+    from pyspark_kafkalog.cluster.metalog import SNAPSHOT_REPLAY_CHANGES
+    from pyspark_kafkalog.cluster.metadata_check import verify
+    assert SNAPSHOT_REPLAY_CHANGES == 20_000
+    monkeypatch.setattr(metalog, "SNAPSHOT_REPLAY_CHANGES", 45)
+    url = str(tmp_path / "c")
+    cluster = Cluster(url)
+    cluster.create_topic("t", 10)
+    producer = Producer(cluster)
+    for i in range(3):   # each send: a reserve and a commit of 10 partitions, 20 changes
+        producer.send({("t", p): producer.encode("t", [Record(b"k", b"v", 0)])
+                       for p in range(10)})
+    snaps = sorted(p.name for p in (tmp_path / "c" / metalog.LOG_DIR).glob("*.snapshot.json"))
+    seqs = [int(name.split(".")[0]) for name in snaps]
+    newest = cluster.state().seq
+    # entry 0's, then one where the changes since it passed 45, though 50 entries did not pass
+    assert len(seqs) == 2 and seqs[0] == 0 and 0 < seqs[1] <= newest < 50
+    applied.clear()
+    fresh = Cluster(url, create=False).state()
+    assert applied == list(range(seqs[1] + 1, newest + 1))   # opened from the new snapshot
+    assert fresh.seq == newest
+    assert fresh.partition("t", 3).high_watermark == 3
+    report = verify(Cluster(url, create=False).metalog)
+    assert report.snapshots == 2 and report.ok

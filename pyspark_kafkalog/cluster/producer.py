@@ -19,7 +19,7 @@ from ..format.encode import (EncodedBatch, assign_log_append_time, assign_offset
 from ..format.partitioner import RoundRobin, partition_for_key
 from ..format.records import LOG_APPEND_TIME, Record
 from ..log.segment_spool import SegmentSpool
-from ..log.segment_writer import run_all, write_segments
+from ..log.segment_writer import run_all, worth_concurrent, write_segments
 from . import actions as A
 from .acks import parse_acks, reserve_acks, submit_commit
 from .checkpoints import sync_checkpoints, written_ranges
@@ -175,7 +175,9 @@ class Producer:
             batch = cluster.storage.sync_batch() if len(jobs) > 1 else None
             if batch is not None:
                 jobs = [batch.wrap(job) for job in jobs]
-            run_all(jobs, cluster.storage.concurrent_writes)
+            size = sum(len(b.data) for bs in batches.values() for b in bs)
+            run_all(jobs, cluster.storage.concurrent_writes
+                    and worth_concurrent(size, len(jobs)))
             if batch is not None:
                 batch.sync()
         except BaseException:

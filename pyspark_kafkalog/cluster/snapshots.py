@@ -105,7 +105,7 @@ def write(storage, log_dir: str, path: str, state: ClusterState, entry_bytes: by
         written += len(data)
     except AlreadyExistsError:
         pass
-    state.parts, state.dirty = parts, set()
+    state.parts, state.dirty, state.replay_changes = parts, set(), 0
     return written
 
 
@@ -114,7 +114,7 @@ def load(storage, log_dir: str, snap: dict) -> ClusterState:
     must match its hash."""
     if snap.get("version") != MANIFEST_VERSION:
         state = ClusterState.from_snapshot(snap)
-        state.parts, state.dirty = {}, None
+        state.parts, state.dirty, state.replay_changes = {}, None, 0
         return state
     parts = snap.get("parts")
     if not isinstance(parts, dict):
@@ -161,7 +161,7 @@ def _assemble(storage, log_dir: str, snap: dict, parts: Dict[str, str]) -> Clust
             if tp_key(topic, p) not in partitions:
                 raise CorruptRecordError(f"snapshot: partition {topic}-{p} is in no part")
     state = ClusterState.from_snapshot(flat, partitions=partitions)
-    state.parts, state.dirty = dict(parts), set()
+    state.parts, state.dirty, state.replay_changes = dict(parts), set(), 0
     return state
 
 

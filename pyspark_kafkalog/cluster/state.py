@@ -70,6 +70,9 @@ class ClusterState(ReplicationReplay):
         # snapshot parts of the base this state was loaded from, and what changed since
         self.parts: Dict[str, str] = {}            # part id -> content hash
         self.dirty: Optional[Set[str]] = None      # None: everything (no base to reuse)
+        #: partition changes replayed since the base snapshot (or entry 0): what opening the
+        #: cluster from that snapshot costs, about 10 us each (``MetadataLog._maybe_snapshot``)
+        self.replay_changes = 0
         #: partition keys changed while this is a set (``MetadataLog.poll`` turns it on), so
         #: an incremental fetch learns what changed at the cost of the change
         self.touched: Optional[Set[str]] = None
@@ -97,6 +100,7 @@ class ClusterState(ReplicationReplay):
         c.results = dict(self.results)
         c.parts = self.parts
         c.dirty = None if self.dirty is None else set(self.dirty)
+        c.replay_changes = self.replay_changes
         c._own_partitions, c._own_topics, c._own_txns = set(), set(), set()
         c._own_decided = c._own_acls = c._own_deleted = c._own_sinks = False
         # the original must not change what it now shares either
@@ -114,6 +118,7 @@ class ClusterState(ReplicationReplay):
 
     def _partition_w(self, key: str) -> PartitionState:
         self._touch(key)
+        self.replay_changes += 1
         if self._own_partitions is not None and key not in self._own_partitions:
             self.partitions[key] = self.partitions[key].clone()
             self._own_partitions.add(key)

@@ -120,6 +120,17 @@ class SharedPool:
 #: latency and share its journal commits (docs/spark-write.md).
 WRITE_THREADS = 4
 _writers = SharedPool(WRITE_THREADS, "kafkalog-write")
+#: Below this many bytes per partition on average, a write's partitions are written one after
+#: another: their files go through the page cache (O_DIRECT starts at 1 MiB) and are synced
+#: together afterwards, so there is no device wait to overlap, only Python work contending for
+#: the GIL. Measured in-process, a task writing 1,000 partitions of 25 KB: 0.76-0.99 s in this
+#: thread against 0.89-1.06 s on the pool (docs/spark-write.md).
+CONCURRENT_MIN_BYTES = 1 << 20
+
+
+def worth_concurrent(total_bytes: int, partitions: int) -> bool:
+    """Whether :func:`run_all` should use the pool for a write of ``partitions`` partitions."""
+    return partitions > 1 and total_bytes >= partitions * CONCURRENT_MIN_BYTES
 
 
 def run_all(jobs: Sequence[Callable[[], None]], concurrent: bool) -> None:
