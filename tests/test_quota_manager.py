@@ -87,3 +87,26 @@ def test_concurrent_tasks_of_one_client_id_share_its_quota(tasks):
     settled = [t for t in sent if t >= 3.0]           # after the first window's burst
     rate = len(settled) * chunk / (end - settled[0])
     assert rate == pytest.approx(quota, rel=0.10)
+
+
+def test_client_ids_without_a_request_for_an_hour_are_forgotten():
+    """As Kafka's quota sensors expire: a coordinator runs for weeks, and client ids may be
+    made per job, so their samples and throttle stats must not pile up."""
+    m = QuotaManager(lambda c, k: 1000.0, window_num=2, window_size_s=1.0)
+    assert m.inactive_expiry_s == 3600.0
+    assert m.record("old", PRODUCE, 50_000, 0.0) > 0
+    assert m.record("busy", PRODUCE, 10, 0.0) == 0.0
+    for t in range(600, 3600, 600):   # "busy" keeps asking, "old" never again
+        m.record("busy", PRODUCE, 10, float(t))
+    assert ("old", PRODUCE) in m.clients() and m.throttle_stats("old", PRODUCE)[2] == 1
+    m.record("busy", PRODUCE, 10, 3600.0)
+    assert m.clients() == [("busy", PRODUCE)]
+    assert m.throttle_stats("old", PRODUCE) == (0.0, 0.0, 0)
+    assert m.throttle_stats("busy", PRODUCE)[2] == 7
+    # asking about a client id (ClientUsage, the metrics) does not make it one
+    assert m.rate("nobody", PRODUCE, 3600.0) == 0.0 and ("nobody", PRODUCE) not in m.clients()
+    # a forgotten client id starts afresh, with a new window (its old bytes are gone)
+    assert m.record("old", PRODUCE, 500, 3601.0) == 0.0
+    # never shorter than the quota window itself
+    assert QuotaManager(lambda c, k: 1.0, window_num=11, window_size_s=1000.0,
+                        inactive_expiry_s=1.0).inactive_expiry_s == 11_000.0

@@ -205,7 +205,8 @@ _CLIENT_GAUGES = (
     ("client_byte_rate", "Bytes per second of a client id over the quota window, by kind "
                          "(Kafka's per-client byte-rate)"),
     ("client_throttle_time_max_ms", "The longest throttle time given to a client id, by kind "
-                                    "(ms, since the coordinator started)"),
+                                    "(ms, since the coordinator started or the client id's "
+                                    "first request after an hour without one)"),
     ("client_throttle_time_avg_ms", "The average throttle time of a client id's requests, by "
                                     "kind (ms; unthrottled requests count 0)"),
 )

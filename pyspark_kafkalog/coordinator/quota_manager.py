@@ -17,6 +17,9 @@ from typing import Callable, Deque, Dict, Optional, Tuple
 
 DEFAULT_WINDOW_NUM = 11          # Kafka's quota.window.num
 DEFAULT_WINDOW_SIZE_S = 1.0      # Kafka's quota.window.size.seconds
+#: Kafka's ClientQuotaManager drops a client id's sensors after an hour without a request; a
+#: coordinator runs for weeks and client ids can be per job, so it forgets them too
+INACTIVE_EXPIRY_S = 3600.0
 
 
 @dataclass
@@ -32,7 +35,8 @@ class QuotaManager:
 
     def __init__(self, quota: Callable[[str, str], Optional[float]], *,
                  window_num: int = DEFAULT_WINDOW_NUM,
-                 window_size_s: float = DEFAULT_WINDOW_SIZE_S):
+                 window_size_s: float = DEFAULT_WINDOW_SIZE_S,
+                 inactive_expiry_s: float = INACTIVE_EXPIRY_S):
         if window_num < 2 or window_size_s <= 0:
             raise ValueError("quota.window.num must be >= 2 and quota.window.size.seconds > 0")
         self.quota = quota
@@ -42,6 +46,9 @@ class QuotaManager:
         #: (max, requests, total) throttle seconds, over every request (Kafka's client metrics
         #: ``*-throttle-time-max`` / ``-avg`` count unthrottled responses as 0)
         self._throttled: Dict[Tuple[str, str], Tuple[float, int, float]] = {}
+        self.inactive_expiry_s = max(inactive_expiry_s, window_num * window_size_s)
+        self._seen: Dict[Tuple[str, str], float] = {}   # the time of each key's last request
+        self._swept = float("-inf")
         self._lock = threading.Lock()
 
     def _window(self, key: Tuple[str, str], now: float) -> Deque[_Sample]:
@@ -57,12 +64,26 @@ class QuotaManager:
         """Count ``nbytes`` and return how long the client must wait (seconds)."""
         with self._lock:
             key = (client_id or "", kind)
+            self._expire(now)
+            self._seen[key] = now
             samples = self._window(key, now)
             delay = self._throttle(key, samples, now, nbytes)
             self._sample_at(samples, now + delay).bytes += nbytes
             top, n, total = self._throttled.get(key, (0.0, 0, 0.0))
             self._throttled[key] = (max(top, delay), n + 1, total + delay)
             return delay
+
+    def _expire(self, now: float) -> None:
+        """Forget the client ids without a request for ``inactive_expiry_s`` (never less than
+        the quota window): their samples, and their throttle max and average, as Kafka's
+        expired sensors. Swept at most 60 times per expiry period."""
+        if now < self._swept + self.inactive_expiry_s / 60:
+            return
+        self._swept = now
+        for key in [k for k, t in self._seen.items() if t + self.inactive_expiry_s <= now]:
+            del self._seen[key]
+            self._samples.pop(key, None)
+            self._throttled.pop(key, None)
 
     def _sample_at(self, samples: Deque[_Sample], t: float) -> _Sample:
         """The sample whose window holds time ``t``, made (in the future) if need be.
@@ -95,17 +116,19 @@ class QuotaManager:
         """Bytes per second over the window, as the quota check sees it."""
         with self._lock:
             key = (client_id or "", kind)
+            if key not in self._samples:   # asking about a client id does not make it one
+                return 0.0
             samples = self._window(key, now)
             elapsed = max(now - samples[0].start, (self.window_num - 1) * self.window_size_s)
             return sum(s.bytes for s in samples) / elapsed
 
     def clients(self):
-        """The (client id, kind) pairs seen."""
+        """The (client id, kind) pairs seen within ``inactive_expiry_s``."""
         with self._lock:
             return list(self._samples)
 
     def throttle_stats(self, client_id: str, kind: str) -> Tuple[float, float, int]:
-        """(max, average) throttle time in seconds over the client's requests, and their
-        number."""
+        """(max, average) throttle time in seconds over the client's requests since it was
+        last forgotten (an hour without one), and their number."""
         top, n, total = self._throttled.get((client_id or "", kind), (0.0, 0, 0.0))
         return top, (total / n if n else 0.0), n

@@ -78,7 +78,8 @@ class QuotaService:
     def client_usage(self, request: dict) -> dict:
         """RPC ``ClientUsage{client_id}`` -> per kind: the quota, the byte rate over the window
         and Kafka's client metrics ``<kind>-throttle-time-max`` / ``-avg`` (ms, over every
-        request since this coordinator started): what a streaming query shows in its
+        request since this coordinator started, or since the client id came back after an
+        hour without a request): what a streaming query shows in its
         progress, although its tasks ran elsewhere."""
         client_id = request.get("client_id")
         if not isinstance(client_id, str):
