@@ -277,6 +277,25 @@ def test_create_if_absent_conflict_keeps_original(storage):
         storage.create_if_absent("p/empty", b"x")
 
 
+def test_create_in_place_is_exclusive_on_every_backend(backend, storage):
+    """A segment's indexes (docs/protocol.md §3): created only if absent, in a new directory
+    too, and a conflict keeps the original; local disk writes them without a temp file."""
+    storage.create_in_place("d/sub/0.index", b"abc")
+    assert storage.read("d/sub/0.index") == b"abc"
+    with pytest.raises(AlreadyExistsError) as info:
+        storage.create_in_place("d/sub/0.index", b"other")
+    assert "d/sub/0.index" in str(info.value)
+    assert storage.read("d/sub/0.index") == b"abc"
+    storage.create_in_place("d/sub/1.index", b"")
+    assert storage.list("d/sub") == [FileInfo("0.index", 3), FileInfo("1.index", 0)]
+    if backend.name == "local":
+        batch = storage.sync_batch()
+        batch.wrap(lambda: storage.create_in_place("d/2.index", b"xy"))()
+        assert [os.path.basename(f) for f in batch.files] == ["2.index"]   # synced with it
+        batch.sync()
+        assert not [n for n in os.listdir(os.path.join(backend.url, "d")) if "tmp" in n]
+
+
 def test_create_if_absent_threads_one_winner(storage):
     results = {}
     barrier = threading.Barrier(8)

@@ -2,8 +2,9 @@
 
 On shared storage there is no safe append (object stores have none, and two processes appending
 to one file corrupt it), so a writer that owns an offset range writes it as new segments named by
-their first offset, each file with create-if-absent: the indexes first, the ``.log`` last, so a
-``.log`` that exists is complete (docs/protocol.md, §3). The indexes are exactly what Kafka's
+their first offset, each file with create-if-absent: the indexes first (created in place: until
+the ``.log`` exists they belong to no segment), the ``.log`` last and published whole, so a
+``.log`` that exists is complete, indexes included (docs/protocol.md, §3). The indexes are exactly what Kafka's
 recovery would rebuild.
 """
 from __future__ import annotations
@@ -84,13 +85,14 @@ def delete_quietly(storage, paths: Sequence[str]) -> None:
 
 
 def create_segment_file(storage, path: str, content, replace_garbage: bool) -> None:
-    """Create one file of a segment (``content``: bytes, or a list of buffers written back to
-    back); with ``replace_garbage`` a file already there is replaced (see write_segments)."""
+    """Create one file of a segment (``content``: bytes for an index, created in place; a list
+    of buffers written back to back for the ``.log``, published whole); with
+    ``replace_garbage`` a file already there is replaced (see write_segments)."""
     try:
         if isinstance(content, list):
             storage.create_if_absent_pieces(path, content)
-        else:
-            storage.create_if_absent(path, content)
+        else:   # an index means nothing until its .log exists (docs/protocol.md §3)
+            storage.create_in_place(path, content)
     except AlreadyExistsError:
         if not replace_garbage:
             raise

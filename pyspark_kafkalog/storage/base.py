@@ -224,6 +224,15 @@ class Storage(abc.ABC):
         """
         self.create_if_absent(path, b"".join(pieces))
 
+    def create_in_place(self, path: str, data: bytes) -> None:
+        """Create ``path`` holding ``data`` only if nothing is there (else
+        :class:`AlreadyExistsError`), without :meth:`create_if_absent`'s promise that it appears
+        whole: a crash may leave part of it under its name. Only for files that mean nothing
+        until another one exists (a segment's indexes before its ``.log``, docs/protocol.md
+        §3). Where creation is all-or-nothing anyway (object stores) this is
+        :meth:`create_if_absent`; local disk saves the temp file and the link."""
+        self.create_if_absent(path, data)
+
     #: whether a writer may write several files at once from threads (one partition's
     #: segments per thread), because that is safe here and pays: concurrent writes overlap the
     #: device's latency, and their syncs share the filesystem's journal commits

@@ -157,6 +157,10 @@ class MountedStorage(Storage):
         st, sub = self._route(path)
         st.create_if_absent_pieces(sub, pieces)
 
+    def create_in_place(self, path: str, data: bytes) -> None:
+        st, sub = self._route(path)
+        st.create_in_place(sub, data)
+
     def open_spool(self, dir_path: str, hint: str, head: int = 0):
         st, sub = self._route(dir_path)
         if st is self.base:
