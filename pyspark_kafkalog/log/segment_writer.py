@@ -4,8 +4,8 @@ On shared storage there is no safe append (object stores have none, and two proc
 to one file corrupt it), so a writer that owns an offset range writes it as new segments named by
 their first offset, each file with create-if-absent: the indexes first (created in place: until
 the ``.log`` exists they belong to no segment), the ``.log`` last and published whole, so a
-``.log`` that exists is complete, indexes included (docs/protocol.md, §3). The indexes are exactly what Kafka's
-recovery would rebuild.
+``.log`` that exists is complete, indexes included (docs/protocol.md, §3). The indexes are
+exactly what Kafka's recovery would rebuild.
 """
 from __future__ import annotations
 
