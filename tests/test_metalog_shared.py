@@ -101,7 +101,7 @@ def test_a_rewritten_entry_is_not_trusted(tmp_path, applied):
     assert held.seq in applied and state.seq == held.seq   # replayed again, not taken
 
 
-def test_results_of_a_shared_start_are_a_clean_state(tmp_path, applied):
+def test_an_open_with_nothing_new_returns_the_shared_state_itself(tmp_path, applied):
     url = str(tmp_path / "c")
     Cluster(url).create_topic("t", 2)
     produce(url)

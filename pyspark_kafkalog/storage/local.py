@@ -400,42 +400,25 @@ class LocalStorage(Storage):
 
     def create_in_place(self, path: str, data: bytes) -> None:
         """O_EXCL on the name itself: one create instead of a temp file, a link and an unlink
-        (a task writing to 1,000 partitions creates 2,000 index files). Inside a SyncBatch job
-        the file is synced with the batch, else now."""
-        full = self._abs(path)
-        where = self._where(path)
-        with storage_errors("create", where):
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-            try:
-                try:
-                    fd = os.open(full, flags, 0o644)
-                except FileNotFoundError:
-                    ensure_dir(os.path.dirname(full))
-                    fd = os.open(full, flags, 0o644)
-            except FileExistsError:
-                raise AlreadyExistsError(f"create {where}: already exists") from None
-            deferred = not self._sync_now()
-            try:
-                self._write_fd(fd, data, sync=not deferred)
-            except BaseException:
-                os.close(fd)
-                unlink_quietly(full)  # we created it: nobody else could have
-                raise
-            os.close(fd)
-            if not (deferred and self._synced_later(full)):
-                self._sync_dir(os.path.dirname(full))
+        (a task writing to 1,000 partitions creates 2,000 index files)."""
+        with storage_errors("create", self._where(path)):
+            self._create_exclusive(self._abs(path), data)
 
     def _create_exclusive(self, full: str, data: bytes) -> None:
+        """Create ``full`` with O_EXCL and write it; inside a SyncBatch job it is synced with
+        the batch, else now."""
         ensure_dir(os.path.dirname(full))
         fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        deferred = not self._sync_now()
         try:
-            self._write_fd(fd, data)
+            self._write_fd(fd, data, sync=not deferred)
         except BaseException:
             os.close(fd)
             unlink_quietly(full)  # we own it: nobody else could have created it
             raise
         os.close(fd)
-        self._sync_dir(os.path.dirname(full))
+        if not (deferred and self._synced_later(full)):
+            self._sync_dir(os.path.dirname(full))
 
     def replace(self, path: str, data: bytes) -> None:
         full = self._abs(path)
