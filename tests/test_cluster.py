@@ -209,6 +209,55 @@ def test_a_commit_rewrites_leader_epoch_checkpoint_only_where_an_epoch_begins(tm
     assert ckpt.parse_leader_epoch_checkpoint(text) == [(0, 0), (1, 4)]
 
 
+def _kafka_recovered_epochs(part_dir, recovery_point):
+    """The leader epochs Kafka's broker holds after loading ``part_dir`` without a clean-shutdown
+    marker: its ``leader-epoch-checkpoint``, then every batch of the segments from the one
+    holding the recovery point on, assigned when its epoch is newer than the latest
+    (LogLoader.recoverLog and LogSegment.recover in Kafka's storage module)."""
+    from pyspark_kafkalog.format.batch import iter_headers
+    path = part_dir / "leader-epoch-checkpoint"
+    cache = ckpt.parse_leader_epoch_checkpoint(path.read_text()) if path.exists() else []
+    cache = [tuple(e) for e in cache]
+    bases = sorted(int(f.name[:-4]) for f in part_dir.glob("*.log"))
+    first = max([b for b in bases if b <= recovery_point] or [bases[0]])
+    for base in (b for b in bases if b >= first):
+        for h in iter_headers((part_dir / f"{base:020d}.log").read_bytes()):
+            if h.partition_leader_epoch > (cache[-1][0] if cache else -1):
+                cache.append((h.partition_leader_epoch, h.base_offset))
+    return cache
+
+
+def test_above_the_inline_limit_a_commit_leaves_epochs_with_the_recovery_point(tmp_path,
+                                                                                 monkeypatch):
+    """Past INLINE_CHECKPOINT_MAX_PARTITIONS a commit rewrites no derived file (docs/protocol.md
+    §8): the epochs it begins lie past the recovery point it also leaves behind, where Kafka's
+    load rebuilds them from the batches; maintenance then writes both."""
+    from pyspark_kafkalog.cluster import checkpoints
+    url = str(tmp_path / "c")
+    Admin(url).create_topic("t", 3)
+    Admin(url).produce("t", _recs(4), partition=0)           # small cluster: written inline
+    d = tmp_path / "c" / "logdir-0"
+    read_rp = lambda: ckpt.parse_offset_checkpoint(
+        (d / "recovery-point-offset-checkpoint").read_text())
+    assert ckpt.parse_leader_epoch_checkpoint((d / "t-0" / "leader-epoch-checkpoint")
+                                              .read_text()) == [(0, 0)]
+    monkeypatch.setattr(checkpoints, "INLINE_CHECKPOINT_MAX_PARTITIONS", 2)
+    for n in (3, 2):                                         # two new writers: epochs 1, 2
+        Admin(url).produce("t", _recs(n), partition=0)
+    a = Admin(url)
+    entries = [tuple(e) for e in a.cluster.state().partition("t", 0).leader_epoch_entries()]
+    assert entries == [(0, 0), (1, 4), (2, 7)]
+    assert ckpt.parse_leader_epoch_checkpoint((d / "t-0" / "leader-epoch-checkpoint")
+                                              .read_text()) == [(0, 0)]   # left behind ...
+    assert read_rp()[("t", 0)] == 4                          # ... with the recovery point
+    assert _kafka_recovered_epochs(d / "t-0", read_rp()[("t", 0)]) == entries
+    a.cleanup()                                              # maintenance writes both
+    assert ckpt.parse_leader_epoch_checkpoint((d / "t-0" / "leader-epoch-checkpoint")
+                                              .read_text()) == entries
+    assert read_rp()[("t", 0)] == 9
+    assert _kafka_recovered_epochs(d / "t-0", 9) == entries
+
+
 def test_kafka_checkpoints_follow_the_metadata(admin, tmp_path):
     admin.create_topic("t", 2)
     admin.produce("t", _recs(5), partition=0)
