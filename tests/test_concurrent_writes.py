@@ -120,17 +120,17 @@ def admin(tmp_path):
 
 def test_a_partition_that_fails_while_another_still_writes_leaves_nothing(admin, monkeypatch):
     url = admin.cluster.url
-    real = LocalStorage.create_if_absent_pieces
+    real = LocalStorage.create_segment
     calls = []
 
-    def slow_or_failing(self, path, pieces):
-        calls.append(path)
-        if "/t-1/" in path:
+    def slow_or_failing(self, dir_path, files):
+        calls.append(dir_path + "/")
+        if "/t-1/" in calls[-1]:
             raise OSError(errno.ENOSPC, "No space left on device")
-        if "/t-3/" in path:
+        if "/t-3/" in calls[-1]:
             time.sleep(0.05)                       # partition 3 goes on after 1 has failed
-        return real(self, path, pieces)
-    monkeypatch.setattr(LocalStorage, "create_if_absent_pieces", slow_or_failing)
+        return real(self, dir_path, files)
+    monkeypatch.setattr(LocalStorage, "create_segment", slow_or_failing)
     prod = Producer(_cluster(url))
     with pytest.raises(OSError, match="No space left"):
         prod.write(_batches(prod))

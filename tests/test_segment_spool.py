@@ -413,10 +413,10 @@ def test_when_the_plain_fallback_fails_too_the_task_fails_and_leaves_nothing(tmp
     calls = _fail_one_spool_append(monkeypatch)
     plain_calls = []
 
-    def no_space(self, path, pieces):
-        plain_calls.append(path)
+    def no_space(self, dir_path, files):
+        plain_calls.append(dir_path)
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(LocalStorage, "create_if_absent_pieces", no_space)
+    monkeypatch.setattr(LocalStorage, "create_segment", no_space)
     tw, _ = _task(url, extra={"buffer.memory": str(1 << 30)}, run_bytes=64 << 10)
     assert tw.spooling
     for b in _arrow_batches(12, 6, 1000):

@@ -6,6 +6,7 @@ The S3 backend runs against a real moto server subprocess. Moto 5.2's PutObject 
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -294,6 +295,46 @@ def test_create_in_place_is_exclusive_on_every_backend(backend, storage):
         assert [os.path.basename(f) for f in batch.files] == ["2.index"]   # synced with it
         batch.sync()
         assert not [n for n in os.listdir(os.path.join(backend.url, "d")) if "tmp" in n]
+
+
+def test_create_segment_makes_all_its_files_or_none_on_every_backend(backend, storage):
+    """A segment's three files in one call (docs/protocol.md §3): in a new directory, the
+    ``.log`` from its pieces; a name already taken fails the call and removes what it made."""
+    files = [("0.timeindex", b"t"), ("0.index", b"ix"), ("0.log", [b"ab", b"", b"cd"])]
+    storage.create_segment("d/seg", files)
+    assert storage.list("d/seg") == [FileInfo("0.index", 2), FileInfo("0.log", 4),
+                                     FileInfo("0.timeindex", 1)]
+    assert storage.read("d/seg/0.log") == b"abcd"
+    storage.create_if_absent("d/seg/9.log", b"someone else's")
+    with pytest.raises(AlreadyExistsError) as info:
+        storage.create_segment("d/seg", [("9.timeindex", b"t"), ("9.index", b"i"),
+                                         ("9.log", [b"new"])])
+    assert "d/seg/9.log" in str(info.value)
+    assert storage.read("d/seg/9.log") == b"someone else's"
+    assert {f.name for f in storage.list("d/seg")} == {"0.index", "0.log", "0.timeindex",
+                                                       "9.log"}
+    if backend.name == "local":
+        assert not [n for n in os.listdir(os.path.join(backend.url, "d", "seg")) if "tmp" in n]
+        batch = storage.sync_batch()   # inside a SyncBatch job: synced with the batch
+        batch.wrap(lambda: storage.create_segment("d/seg", [("5.index", b"i"),
+                                                            ("5.log", [b"x"])]))()
+        assert [os.path.basename(f) for f in batch.files] == ["5.index", "5.log"]
+        batch.sync()
+
+
+def test_create_segment_fails_whole_when_a_write_fails(tmp_path, monkeypatch):
+    """A failure after the indexes (the disk full while the ``.log`` is written) leaves no file
+    and no temp file behind, and the error is the storage's, naming the directory."""
+    st = open_storage(str(tmp_path / "root"))
+    real = os.link
+
+    def no_space(*args, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "link", no_space)
+    with pytest.raises(KafkaStorageError, match="No space left.*d/seg|d/seg.*No space left"):
+        st.create_segment("d/seg", [("0.index", b"i"), ("0.log", [b"abc"])])
+    monkeypatch.setattr(os, "link", real)
+    assert os.listdir(tmp_path / "root" / "d" / "seg") == []
 
 
 def test_create_if_absent_threads_one_winner(storage):

@@ -63,10 +63,18 @@ def write_segments(storage, dir_path: str, batches: Sequence[EncodedBatch], conf
     try:
         for group in plan_segments(batches, config.segment_bytes):
             base = group[0].base_offset
-            for suffix, content in segment_files(base, group, config).items():
-                path = f"{dir_path}/{segment_name(base, suffix)}"
-                create_segment_file(storage, path, content, replace_garbage)
-                created.append(path)
+            files = [(segment_name(base, suffix), content)
+                     for suffix, content in segment_files(base, group, config).items()]
+            try:   # all three at once; it leaves nothing behind when it fails
+                storage.create_segment(dir_path, files)
+            except AlreadyExistsError:
+                if not replace_garbage:
+                    raise
+                for name, content in files:   # garbage of a dead writer in the way
+                    create_segment_file(storage, f"{dir_path}/{name}", content, True)
+                    created.append(f"{dir_path}/{name}")
+            else:
+                created += [f"{dir_path}/{name}" for name, _ in files]
             bases.append(base)
     except BaseException:
         delete_quietly(storage, created)

@@ -161,6 +161,10 @@ class MountedStorage(Storage):
         st, sub = self._route(path)
         st.create_in_place(sub, data)
 
+    def create_segment(self, dir_path: str, files) -> None:
+        st, sub = self._route(dir_path)
+        st.create_segment(sub, files)
+
     def open_spool(self, dir_path: str, hint: str, head: int = 0):
         st, sub = self._route(dir_path)
         if st is self.base:
