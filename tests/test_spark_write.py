@@ -210,7 +210,8 @@ def test_failing_task_leaves_nothing_visible_and_no_files(ks, tmp_path):
           .withColumn("value", explode_on("value")))
     # small batches and a tiny buffer: every task reserves and writes segments early and often
     with pytest.raises(Exception, match="injected failure"):
-        write(df, root, topic="boom", **{"batch.records": 100, "buffer.memory": 4096})
+        write(df, root, topic="boom", maxTasks=0,   # the 4 tasks, not one per core
+              **{"batch.records": 100, "buffer.memory": 4096})
     got = list(admin.consume("boom"))
     assert [(r.key, r.value) for r in got] == [(b"before", b"committed earlier")]
     # Spark aborts the job while the other tasks may still run: an attempt that reserves after
@@ -406,6 +407,50 @@ def test_save_mode_wrapper_is_installed_once_and_narrow():
                                ("kafkalog", "overwrite", False), ("kafka", None, False),
                                ("parquet", "error", False), (None, None, False)]:
         assert sm.append_instead(source, mode) is want, (source, mode)
+
+
+def _segments_per_partition(root, topic, partitions):
+    return [len(list((root / "logdir-0" / f"{topic}-{p}").glob("*.log")))
+            for p in range(partitions)]
+
+
+@pytest.mark.parametrize("option,tasks", [(None, 2), ("0", 8), ("3", 3), ("50", 8)])
+def test_a_write_runs_on_at_most_max_tasks_tasks(ks, tmp_path, option, tasks):
+    """Every task writes a segment to every partition its rows reach, so the sink coalesces a
+    DataFrame of more partitions than the session's cores (local[2]: 2) to that many tasks, or
+    to maxTasks (0: never); each input partition's rows stay together and in order."""
+    root = tmp_path / "c"
+    df = ks.range(0, 800, 1, 8).selectExpr("cast(id % 4 as int) as partition",
+                                           "cast(id as string) as value")
+    opts = {} if option is None else {"maxTasks": option}
+    write(df, root, topic="t", createTopic="true", **{"topic.partitions": 4}, **opts)
+    assert _segments_per_partition(root, "t", 4) == [tasks] * 4
+    got = list(Admin(str(root)).consume("t"))
+    assert sorted(int(r.value) for r in got) == list(range(800))
+    for p in range(4):   # an input partition (100 ids) is one run, in order, in one segment
+        values = [int(r.value) for r in got if r.partition == p]
+        runs = [values[i:i + 25] for i in range(0, 200, 25)]
+        assert all(run == sorted(run) and run[-1] - run[0] == 96 for run in runs)
+        assert sorted(run[0] // 100 for run in runs) == list(range(8))
+
+
+def test_max_tasks_keeps_options_and_mode_and_refuses_bad_values(ks, tmp_path):
+    root = tmp_path / "c"
+    df = ks.range(0, 40, 1, 4).selectExpr("cast(id % 2 as int) as partition",
+                                          "cast(id as string) as value")
+    (df.write.format("kafkalog").options(topic="t", createTopic="true")
+     .option("topic.partitions", "2").option("compression.type", "gzip").save(str(root)))
+    got = list(Admin(str(root)).consume("t"))   # the default mode is still an append
+    assert sorted(int(r.value) for r in got) == list(range(40))
+    assert _segments_per_partition(root, "t", 2) == [2, 2]          # 2 tasks, not 4
+    logs = sorted((root / "logdir-0").glob("t-*/*.log"))
+    assert {h.attributes & 7 for f in logs for h in iter_headers(f.read_bytes())} == {1}  # gzip
+    for bad in ("-1", "two"):
+        with pytest.raises(Exception, match="maxTasks"):
+            write(df, root, topic="t", maxTasks=bad)
+    assert len(list(Admin(str(root)).consume("t"))) == 40          # nothing more was written
+    with pytest.raises(KafkaLogError, match="maxTasks applies to df.write"):
+        WriteOptions.parse({"path": "/x", "maxTasks": "2"}, streaming=True)
 
 
 @pytest.mark.parametrize("opts,needle", [
@@ -645,8 +690,9 @@ def test_vectorised_encoder_is_byte_identical():
 # -- file count: the shuffle helper -------------------------------------------------------------
 
 def test_segment_counts_with_and_without_the_shuffle(ks, tmp_path):
-    """8 input tasks x 8 partitions: one segment per (task, partition) without the shuffle,
-    exactly one per partition with it; the same records land in the same partitions."""
+    """8 input partitions x 8 Kafka partitions: one segment per (task, partition) without the
+    shuffle, the 8 input partitions coalesced to the 2 cores' tasks (maxTasks); exactly one per
+    partition with it; the same records land in the same partitions."""
     from pyspark_kafkalog.spark.shuffle import spark_hash_int
     from pyspark_kafkalog.spark.writer import repartition_by_kafka_partition
     from pyspark.sql import functions as F
@@ -662,7 +708,7 @@ def test_segment_counts_with_and_without_the_shuffle(ks, tmp_path):
     write(shuffled, root, topic="shuffled")
     plain_segs = len(seg_files(root, "plain", (".log",)))
     shuffled_segs = len(seg_files(root, "shuffled", (".log",)))
-    assert (plain_segs, shuffled_segs) == (64, 8)
+    assert (plain_segs, shuffled_segs) == (2 * 8, 8)
     a = sorted((r.partition, r.key, r.value) for r in admin.consume("plain"))
     b = sorted((r.partition, r.key, r.value) for r in admin.consume("shuffled"))
     assert a == b and len(a) == 16_000

@@ -11,7 +11,10 @@ and Spark Connect) in the driver: when the writer's format is ``kafkalog`` and i
 changes: other formats keep Spark's behaviour, Overwrite still reaches the sink (which refuses it:
 a log is append-only), and Ignore is still refused by Spark, as Spark's Kafka sink refuses it.
 The same wrapper makes the writer's session the thread's active one (``_activate``), so that
-writes from a thread pool find the format.
+writes from a thread pool find the format, and (classic PySpark) writes a coalesced DataFrame
+when the write should run on fewer tasks (``write_tasks``: ``maxTasks``): it then replays the
+writer's format, mode and options on a writer of the coalesced DataFrame. A writer given
+``partitionBy``, ``bucketBy`` or ``sortBy`` is left as it is, so that Spark still refuses those.
 """
 from __future__ import annotations
 
@@ -25,12 +28,12 @@ ERROR_IF_EXISTS = frozenset({"error", "errorifexists", "default"})
 def install() -> None:
     """Wrap the DataFrameWriter classes this PySpark has (idempotent)."""
     from pyspark.sql.readwriter import DataFrameWriter
-    _wrap(DataFrameWriter)
+    _wrap(DataFrameWriter, coalesce=True)
     try:
         from pyspark.sql.connect.readwriter import DataFrameWriter as ConnectDataFrameWriter
     except ImportError:            # Spark Connect's client dependencies are not installed
         return
-    _wrap(ConnectDataFrameWriter)
+    _wrap(ConnectDataFrameWriter, coalesce=False)
 
 
 def append_instead(source, mode) -> bool:
@@ -52,10 +55,52 @@ def _activate(writer) -> None:
     session._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
 
 
-def _wrap(cls) -> None:
+def _recorded(writer) -> dict:
+    if "_kafkalog_options" not in writer.__dict__:
+        writer._kafkalog_options = {}
+    return writer._kafkalog_options
+
+
+def _coalesced_writer(writer, source, mode, options):
+    """A writer of the writer's DataFrame coalesced for the write (``write_tasks``), with the
+    same format, mode and options; None when the DataFrame is to be written as it is."""
+    from .write_tasks import coalesced
+    df = getattr(writer, "_df", None)
+    if df is None or getattr(writer, "_kafkalog_layout", False):
+        return None
+    recorded = dict(_recorded(writer))
+    every = dict(recorded, **{k: v for k, v in options.items() if v is not None})
+    target = coalesced(df, every)
+    if target is df:
+        return None
+    new = type(writer)(target)
+    new.format(source)
+    if mode is not None:
+        new.mode(mode)
+    new.options(**recorded)
+    return new
+
+
+def _wrap(cls, coalesce: bool) -> None:
     if getattr(cls, "_kafkalog_save_mode", False):
         return
     original_format, original_mode, original_save = cls.format, cls.mode, cls.save
+    original_option, original_options = cls.option, cls.options
+
+    @functools.wraps(original_option)
+    def option(self, key, value):
+        _recorded(self)[key] = value
+        return original_option(self, key, value)
+
+    @functools.wraps(original_options)
+    def options(self, **opts):
+        _recorded(self).update(opts)
+        return original_options(self, **opts)
+
+    for name in ("partitionBy", "bucketBy", "sortBy"):   # layouts the sink does not take
+        original = getattr(cls, name, None)
+        if original is not None:
+            setattr(cls, name, _marking(original))
 
     @functools.wraps(original_format)
     def format(self, source):
@@ -76,7 +121,21 @@ def _wrap(cls) -> None:
             mode = "append"
         if isinstance(source, str) and source.lower() == FORMAT:
             _activate(self)
+            if coalesce and partitionBy is None:
+                writer = _coalesced_writer(self, source, mode if mode is not None else current,
+                                           options)
+                if writer is not None:
+                    return original_save(writer, path, format, mode, partitionBy, **options)
         return original_save(self, path, format, mode, partitionBy, **options)
 
     cls.format, cls.mode, cls.save = format, mode, save
+    cls.option, cls.options = option, options
     cls._kafkalog_save_mode = True
+
+
+def _marking(original):
+    @functools.wraps(original)
+    def wrapper(self, *args, **kw):
+        self._kafkalog_layout = True
+        return original(self, *args, **kw)
+    return wrapper

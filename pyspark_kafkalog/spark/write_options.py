@@ -56,6 +56,12 @@ option                           default                    meaning
                                                             ``storage.direct_io`` (default true):
                                                             local segments bypass the page cache
                                                             (docs/spark-write.md)
+``maxTasks``                     the session's default      at most this many Spark tasks write: a
+                                 parallelism (its cores);   DataFrame with more partitions is
+                                 none with dynamic          coalesced to it first, without a
+                                 allocation                 shuffle, as Spark's JDBC sink does with
+                                                            ``numPartitions``; ``0``: never.
+                                                            ``df.write`` only (spark/write_tasks.py)
 ``kafka.bootstrap.servers``      error                      there are no brokers: use ``path``
 ``kafka.compression.type``,      error                      producer settings that change what is
 ``kafka.batch.size``, …                                     written: the error names our option
@@ -112,7 +118,7 @@ _NAMES = ("path", "topic", "compression.type", "compression.gzip.level",
           "batch.size", "batch.records", "buffer.memory", "createTopic", "topic.partitions",
           "topic.replication.factor", "transaction.timeout.ms", "kafkalog.principal",
           "kafkalog.snapshot.interval", "acks", "request.timeout.ms", "kafka.acks",
-          "kafka.request.timeout.ms", "kafka.client.id", "coordinator.tokenFile")
+          "kafka.request.timeout.ms", "kafka.client.id", "coordinator.tokenFile", "maxTasks")
 _KNOWN = {name.lower() for name in _NAMES}
 _DISPLAY = {name.lower(): name for name in _NAMES}
 _LEVELS = {codecs.GZIP: "compression.gzip.level", codecs.LZ4: "compression.lz4.level",
@@ -234,6 +240,11 @@ class WriteOptions:
                    if k.startswith(STORAGE_PREFIX) and len(k) > len(STORAGE_PREFIX)}
         if validate:
             _check_names(opts)
+            if streaming and "maxtasks" in opts:
+                raise InvalidConfigError("option maxTasks applies to df.write: a streaming "
+                                         "query writes each micro-batch with the tasks of its "
+                                         "plan (coalesce the DataFrame in foreachBatch instead)")
+            max_tasks(opts)
         path = opts.get("path")
         if validate and not (isinstance(path, str) and path.strip()):
             raise InvalidConfigError("kafkalog sink needs the cluster root: save(path) or "
@@ -299,6 +310,14 @@ class WriteOptions:
         if self.snapshot_interval:
             kw["snapshot_interval"] = self.snapshot_interval
         return kw
+
+
+def max_tasks(options: Mapping[str, object]) -> Optional[int]:
+    """The ``maxTasks`` option of ``options`` (keys in any case): None when unset, else an
+    integer >= 0 (``0``: never coalesce), or InvalidConfigError naming it."""
+    raw = next((v for k, v in dict(options or {}).items()
+                if str(k).lower() == "maxtasks" and v is not None), None)
+    return None if raw is None else _int({"maxTasks": raw}, "maxTasks", 0, minimum=0)
 
 
 def _check_names(opts: Mapping[str, str]) -> None:
