@@ -152,11 +152,14 @@ class Producer:
         state = cluster.state(refresh=False)
         now = cluster.now_ms()
         jobs = []
+        configs = {}   # per topic: parsing it per partition was a cost of 1,000-partition writes
         try:
             for tp, bs in batches.items():
                 key = tp_key(*tp)
                 start, end, epoch = pending.ranges[key]
-                config = state.topic_config(tp[0])
+                config = configs.get(tp[0])
+                if config is None:
+                    config = configs[tp[0]] = state.topic_config(tp[0])
                 stamped, nxt = [], start
                 for b in bs:
                     # the batches are handed over: a bytearray one is stamped, not copied

@@ -57,8 +57,7 @@ def write_segments(storage, dir_path: str, batches: Sequence[EncodedBatch], conf
     ``replace_garbage``: the caller owns this offset range exclusively, so a file already there
     was left by a dead or fenced writer and is replaced.
     """
-    storage.makedirs(dir_path)
-    bases = []
+    bases = []   # no makedirs: creating a segment makes its directory (Storage.create_segment)
     created: List[str] = []
     try:
         for group in plan_segments(batches, config.segment_bytes):

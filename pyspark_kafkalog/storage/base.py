@@ -241,6 +241,7 @@ class Storage(abc.ABC):
         removed again and the error is raised. Why one call per segment: local disk resolves
         the directory once for all three files; a task writing to 1,000 partitions creates
         3,000 of them."""
+        self.makedirs(dir_path)
         done = []
         try:
             for name, content in files:
