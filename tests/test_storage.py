@@ -337,6 +337,46 @@ def test_create_segment_fails_whole_when_a_write_fails(tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "root" / "d" / "seg") == []
 
 
+def test_a_batch_past_the_syncfs_threshold_writes_back_early_and_stops(tmp_path, monkeypatch):
+    """Past SYNCFS_FILES files a SyncBatch flushes on a thread of its own while files are still
+    added (``_flush_early``); ``sync`` stops it and still ends with its own barrier; a batch
+    nobody syncs (a write that failed) lets the thread end by itself; few files start none."""
+    import pyspark_kafkalog.storage.local as local
+    calls = []
+    real = local._syncfs
+
+    def counting(path):
+        calls.append(threading.current_thread().name)
+        time.sleep(0.01)
+        return real(path)
+    monkeypatch.setattr(local, "_syncfs", counting)
+    monkeypatch.setattr(local.SyncBatch, "EARLY_FLUSH", True)
+    st = open_storage(str(tmp_path / "root"))
+
+    def segments(batch, first, n):
+        for i in range(first, first + n):
+            batch.wrap(lambda: st.create_segment(f"t-{i}", [("0.index", b"i"),
+                                                            ("0.log", [b"x" * 100])]))()
+            time.sleep(0.002)
+    batch = st.sync_batch()
+    segments(batch, 0, 20)
+    assert batch._flusher is None and not calls          # 40 files: a fsync each, later
+    segments(batch, 20, 60)
+    assert batch._flusher is not None
+    batch.sync()
+    assert not batch._flusher.is_alive()
+    assert "kafkalog-early-flush" in calls and calls[-1] == threading.current_thread().name
+    abandoned = st.sync_batch()
+    segments(abandoned, 100, 40)
+    abandoned._flusher.join(timeout=10)                  # nothing more is added: it ends
+    assert not abandoned._flusher.is_alive()
+    monkeypatch.setattr(local.SyncBatch, "EARLY_FLUSH", False)
+    off = st.sync_batch()
+    segments(off, 200, 40)
+    assert off._flusher is None
+    off.sync()
+
+
 def test_create_if_absent_threads_one_winner(storage):
     results = {}
     barrier = threading.Barrier(8)
