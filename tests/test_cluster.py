@@ -258,6 +258,30 @@ def test_above_the_inline_limit_a_commit_leaves_epochs_with_the_recovery_point(t
     assert _kafka_recovered_epochs(d / "t-0", 9) == entries
 
 
+
+def test_back_under_the_inline_limit_a_commit_catches_up_the_epochs_it_passes(tmp_path,
+                                                                               monkeypatch):
+    """Epochs a large cluster's commits left to maintenance are written by the first commit
+    that moves the recovery point past them again (the cluster shrank), even when that commit
+    begins no epoch of its own: the recovery point never passes an epoch the file lacks."""
+    from pyspark_kafkalog.cluster import checkpoints
+    url = str(tmp_path / "c")
+    Admin(url).create_topic("t", 1)
+    Admin(url).produce("t", _recs(4), partition=0)            # epoch 0, written inline
+    monkeypatch.setattr(checkpoints, "INLINE_CHECKPOINT_MAX_PARTITIONS", 0)
+    writer = Admin(url)
+    writer.produce("t", _recs(3), partition=0)                # epoch 1 begins: left behind
+    d = tmp_path / "c" / "logdir-0"
+    epochs = lambda: ckpt.parse_leader_epoch_checkpoint(
+        (d / "t-0" / "leader-epoch-checkpoint").read_text())
+    assert epochs() == [(0, 0)]
+    monkeypatch.setattr(checkpoints, "INLINE_CHECKPOINT_MAX_PARTITIONS", 1000)
+    writer.produce("t", _recs(2), partition=0)                # same writer: no epoch begins
+    rp = ckpt.parse_offset_checkpoint((d / "recovery-point-offset-checkpoint").read_text())
+    assert rp[("t", 0)] == 9 and epochs() == [(0, 0), (1, 4)]
+    assert _kafka_recovered_epochs(d / "t-0", 9) == [(0, 0), (1, 4)]
+
+
 def test_kafka_checkpoints_follow_the_metadata(admin, tmp_path):
     admin.create_topic("t", 2)
     admin.produce("t", _recs(5), partition=0)

@@ -52,6 +52,7 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
             return
     by_dir = defaultdict(dict)
     epochs = {}
+    recovery_points: dict = {}   # per log dir, for a commit: what the file says now
     for topic, p in tps:
         ps = state.partition(topic, p)
         if ps is None:
@@ -61,7 +62,9 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
         for logdir in [leader_of(ps, state.topics[topic]["replicas"][p])]:
             by_dir[logdir][(topic, p)] = ps
             entries = ps.leader_epoch_entries()
-            if written is not None and not _epoch_begins_in(entries, written.get((topic, p))):
+            if written is not None and not (_epoch_begins_in(entries, written.get((topic, p)))
+                                            or _past_recovery_point(cluster, logdir, topic, p,
+                                                                    entries, recovery_points)):
                 continue
             path = f"{cluster.partition_dir(topic, p, logdir)}/{LEADER_EPOCH_FILE}"
             epochs[path] = ckpt.format_leader_epoch_checkpoint(entries).encode()
@@ -75,6 +78,19 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
         ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
         ld.merge_checkpoint(LOG_START_CHECKPOINT,
                             {tp: ps.log_start_offset for tp, ps in parts.items()})
+
+
+def _past_recovery_point(cluster, logdir: str, topic: str, p: int, entries,
+                         recovery_points: dict) -> bool:
+    """Whether an epoch begins at or past the partition's recovery point as its log dir's file
+    has it. Such an epoch may be missing from ``leader-epoch-checkpoint`` (a commit while the
+    cluster had more than INLINE_CHECKPOINT_MAX_PARTITIONS left it to maintenance, §8), and the
+    commit is about to move the recovery point past it: the file is rewritten first."""
+    if logdir not in recovery_points:
+        recovery_points[logdir] = LogDir(cluster.storage, logdir).read_checkpoint(
+            RECOVERY_POINT_CHECKPOINT)
+    point = recovery_points[logdir].get((topic, p), 0)
+    return any(start >= point for _, start in entries)
 
 
 def _epoch_begins_in(entries, spans: Optional[Spans]) -> bool:
