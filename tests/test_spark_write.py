@@ -434,6 +434,21 @@ def test_a_write_runs_on_at_most_max_tasks_tasks(ks, tmp_path, option, tasks):
         assert sorted(run[0] // 100 for run in runs) == list(range(8))
 
 
+@pytest.mark.parametrize("on_top", [True, False])
+def test_a_smaller_coalesce_of_the_users_own_is_kept(ks, tmp_path, on_top):
+    """Spark merges a coalesce directly over another into the outer one (CollapseRepartition),
+    so the sink adds none over a plan that already ends in a smaller one (on top, or under
+    projections)."""
+    root = tmp_path / "c"
+    df = ks.range(0, 80, 1, 8)
+    cols = ("cast(id % 4 as int) as partition", "cast(id as string) as value")
+    df = df.selectExpr(*cols).coalesce(1) if on_top else df.coalesce(1).selectExpr(*cols)
+    write(df, root, topic="t", createTopic="true", **{"topic.partitions": 4})
+    assert _segments_per_partition(root, "t", 4) == [1] * 4
+    assert [int(r.value) for r in Admin(str(root)).consume("t", partition=0)] == list(
+        range(0, 80, 4))
+
+
 def test_max_tasks_keeps_options_and_mode_and_refuses_bad_values(ks, tmp_path):
     root = tmp_path / "c"
     df = ks.range(0, 40, 1, 4).selectExpr("cast(id % 2 as int) as partition",
