@@ -424,14 +424,13 @@ class LocalStorage(Storage):
                 deferred = not self._sync_now()   # inside a SyncBatch job
                 for name, content in files:
                     whole = isinstance(content, list)
+                    if whole and done and not deferred:
+                        os.fsync(dfd)   # the indexes' entries before the .log's (§3)
                     if whole and (not self._link_ok or (
                             self._direct and sum(len(p) for p in content) >= _DIRECT_MIN)):
-                        if done and not deferred:
-                            os.fsync(dfd)   # the indexes' entries before the .log's (§3)
                         self.create_if_absent(f"{dir_path}/{name}", content)
                     else:
-                        self._create_at(dfd, dir_path, name, content, whole, deferred,
-                                        bool(done))
+                        self._create_at(dfd, dir_path, name, content, whole, deferred)
                         own.append(name)
                     done.append(name)
                 if deferred and self._synced_later_many(directory, own):
@@ -449,16 +448,15 @@ class LocalStorage(Storage):
                 os.close(dfd)
 
     def _create_at(self, dfd: int, dir_path: str, name: str, content, whole: bool,
-                   deferred: bool, after_others: bool) -> None:
+                   deferred: bool) -> None:
         """One file of :meth:`create_segment`: in place with O_EXCL, or (``whole``) a temp
-        file linked to its name; synced now unless ``deferred``."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        file linked to its name; synced now unless ``deferred``. A taken name is
+        :class:`AlreadyExistsError` naming the file."""
         target = temp_name_for(name) if whole else name
         try:
-            fd = os.open(target, flags, 0o644, dir_fd=dfd)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dfd)
         except FileExistsError:
-            raise AlreadyExistsError(
-                f"create {self._where(f'{dir_path}/{name}')}: already exists") from None
+            raise self._taken(dir_path, name) from None
         try:
             try:
                 self._write_fd(fd, content, sync=not deferred)
@@ -466,13 +464,10 @@ class LocalStorage(Storage):
                 os.close(fd)
             if not whole:
                 return
-            if after_others and self._fsync and not deferred:
-                os.fsync(dfd)   # the indexes' entries before the .log's (§3)
             try:
                 os.link(target, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             except FileExistsError:
-                raise AlreadyExistsError(
-                    f"create {self._where(f'{dir_path}/{name}')}: already exists") from None
+                raise self._taken(dir_path, name) from None
             except OSError as e:
                 if e.errno not in NO_LINK_ERRNOS:
                     raise
@@ -489,6 +484,9 @@ class LocalStorage(Storage):
                     os.unlink(target, dir_fd=dfd)
                 except FileNotFoundError:
                     pass
+
+    def _taken(self, dir_path: str, name: str) -> AlreadyExistsError:
+        return AlreadyExistsError(f"create {self._where(f'{dir_path}/{name}')}: already exists")
 
     def _synced_later_many(self, directory: str, names: List[str]) -> bool:
         """:meth:`_synced_later` for files of one directory."""
@@ -744,7 +742,6 @@ class SyncBatch:
         self._lock = threading.Lock()
         self.files: List[str] = []
         self.dirs: Set[str] = set()
-        self._added = 0
         self._flusher: Optional[threading.Thread] = None
         self._done = threading.Event()
 
@@ -752,20 +749,19 @@ class SyncBatch:
         with self._lock:
             self.files.append(full)
             self.dirs.add(os.path.dirname(full))
-            self._added_some(1)
+            self._grown()
 
     def add_many(self, directory: str, names: List[str]) -> None:
         with self._lock:
             self.files.extend(os.path.join(directory, n) for n in names)
             self.dirs.add(directory)
-            self._added_some(len(names))
+            self._grown()
 
     #: whether a batch that will end in a ``syncfs`` starts writing back early (see _flush_early)
     EARLY_FLUSH = os.environ.get("KAFKALOG_EARLY_FLUSH", "1") != "0"
 
-    def _added_some(self, n: int) -> None:
-        """Under the lock."""
-        self._added += n
+    def _grown(self) -> None:
+        """Under the lock: files were added."""
         if (self._flusher is None and self.EARLY_FLUSH and len(self.files) > self.SYNCFS_FILES
                 and not self._done.is_set()):
             self._flusher = threading.Thread(target=self._flush_early, daemon=True,
@@ -783,7 +779,7 @@ class SyncBatch:
         seen = -1
         while not self._done.is_set():
             with self._lock:
-                added = self._added
+                added = len(self.files)   # only grows until sync() empties it, after _done
             if added == seen:
                 return
             seen = added
