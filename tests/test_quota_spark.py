@@ -107,6 +107,18 @@ class Meter(threading.Thread):
         return (b2 - b1) / (t2 - t1), end - first
 
 
+def _wait_for_a_job(ks, loop: "Loop", timeout_s: float = 120.0) -> None:
+    """Starts ``loop`` and returns once its first Spark job has been submitted (or the loop
+    has ended). A job id the session had not seen before is the sign: the status tracker learns
+    of job ends asynchronously, so a job that ended just before can still show as active."""
+    tracker, deadline = ks.sparkContext.statusTracker(), time.monotonic() + timeout_s
+    known = set(tracker.getJobIdsForGroup())
+    loop.start()
+    while not (set(tracker.getJobIdsForGroup()) - known or loop.runs or not loop.is_alive()):
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.01)
+
+
 class Loop(threading.Thread):
     """Runs ``step()`` until ``SECONDS`` have passed (or ``once``); keeps the error if any."""
 
@@ -156,7 +168,12 @@ def test_a_produce_quota_holds_a_writer_to_it_and_leaves_the_other_alone(
     try:
         meter = Meter(c, "A", "produce")
         a, b = Loop(job("A", "ta", big), once=True), Loop(job("B", "tb", small))
-        a.start(), b.start()
+        # B's first job is submitted before A's: A's two throttled tasks then hold both of
+        # local[2]'s cores, and a B job submitted after them waits for one of them to end (Spark
+        # takes no core from a running task). In the other order B could only run once, after
+        # A's first task, with the run's time spent; this way its next job runs beside A's last
+        _wait_for_a_job(ks, b)
+        a.start()
         a.result()
         rate, took = meter.stop()
         b.result()
