@@ -4,7 +4,9 @@ watermark (docs/protocol.md §1.3, §3-§5; the replication rules are in ``isr.p
 
 Partition states are shared between successive cluster states (copy-on-write, see
 ``state.ClusterState``): a handler that changes one first takes a private copy with
-:meth:`PartitionState.clone`, so a state someone still holds never changes under them.
+:meth:`PartitionState.clone`, so a state someone still holds never changes under them. A
+range (``[start, end, ...]``) is never changed in place, only replaced in its list, so a clone
+copies the lists and dicts and shares the ranges.
 """
 from __future__ import annotations
 
@@ -127,13 +129,20 @@ class PartitionState:
                 or any(r[0] <= base_offset < r[1] for r in self.open.values()))
 
     def add_committed(self, start: int, end: int, epoch: int) -> None:
-        starts = [r[0] for r in self.committed]
-        i = bisect.bisect_left(starts, start)
-        self.committed.insert(i, [start, end, epoch])
+        """Never changes a range in place, only the list: clones share the ranges (clone)."""
+        c = self.committed
+        if c and start > c[-1][0]:   # the usual case, a write after every range so far
+            last = c[-1]
+            if last[1] == start and last[2] == epoch:
+                c[-1] = [last[0], end, epoch]
+            else:
+                c.append([start, end, epoch])
+            return
+        i = bisect.bisect_left([r[0] for r in c], start)
         merged: List[list] = []
-        for r in self.committed:
+        for r in c[:i] + [[start, end, epoch]] + c[i:]:
             if merged and merged[-1][1] == r[0] and merged[-1][2] == r[2]:
-                merged[-1][1] = r[1]
+                merged[-1] = [merged[-1][0], r[1], r[2]]
             else:
                 merged.append(r)
         self.committed = merged
@@ -147,9 +156,12 @@ class PartitionState:
         return out
 
     def clone(self) -> "PartitionState":
+        """Copies the containers, shares the ranges in them: no code changes a range in place,
+        only replaces it. A deep copy cost a commit per partition as many lists as the
+        partition has ranges, one per job since its retention last ran."""
         return PartitionState(self.next_offset, self.log_start_offset, self.leader_epoch,
-                              self.last_producer, {k: list(r) for k, r in self.open.items()},
-                              [list(r) for r in self.committed], [list(r) for r in self.aborted],
+                              self.last_producer, dict(self.open), list(self.committed),
+                              list(self.aborted),
                               None if self.replication is None else dict(self.replication))
 
     def to_json(self) -> dict:
