@@ -69,3 +69,23 @@ def test_a_clone_shares_ranges_and_an_append_that_merges_replaces_the_shared_one
     assert clone.committed == [[0, 9, 1]] and ps.committed == [[0, 5, 1]]
     clone.open["t"] = [9, 12, 1]
     assert ps.open == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(disjoint_writes(), st.lists(st.tuples(st.integers(0, 40), st.integers(1, 4)), max_size=4),
+       st.integers(0, 10), st.integers(0, 60))
+def test_lookups_match_brute_force(writes, aborts, log_start, next_offset):
+    """is_committed, is_visible, segment_visible and is_aborted against the offsets they cover
+    (the lookups bisect on each range's start)."""
+    ps = PartitionState(next_offset=next_offset, log_start_offset=log_start)
+    for w in sorted(writes):
+        ps.add_committed(*w)
+    for start, n in aborts:
+        ps.add_aborted(start, start + n)
+    committed = {o for s, e, _ in ps.committed for o in range(s, e)}
+    aborted = {o for s, e in ps.aborted for o in range(s, e)}
+    for o in range(-2, 70):
+        assert ps.is_committed(o) == (o in committed)
+        assert ps.is_aborted(o) == (o in aborted)
+        assert ps.is_visible(o) == (o in committed and log_start <= o < ps.high_watermark)
+        assert ps.segment_visible(o) == (o in committed and o < ps.high_watermark)

@@ -11,7 +11,12 @@ copies the lists and dicts and shares the ranges.
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 from typing import Dict, List, Optional, Tuple
+
+#: a range's start: the key its lookups bisect on, without building a list of starts per
+#: lookup (a read asks once per segment, and a partition keeps a range per job)
+_start = itemgetter(0)
 
 
 def tp_key(topic: str, partition: int) -> str:
@@ -77,7 +82,7 @@ class PartitionState:
     def is_visible(self, offset: int) -> bool:
         if not (self.log_start_offset <= offset < self.high_watermark):
             return False
-        i = bisect.bisect_right([r[0] for r in self.committed], offset) - 1
+        i = bisect.bisect_right(self.committed, offset, key=_start) - 1
         return i >= 0 and offset < self.committed[i][1]
 
     def next_visible_offset(self, offset: int) -> Optional[int]:
@@ -95,20 +100,20 @@ class PartitionState:
         that starts below the log start offset but reaches past it stays readable."""
         if base_offset >= self.high_watermark:
             return False
-        i = bisect.bisect_right([r[0] for r in self.committed], base_offset) - 1
+        i = bisect.bisect_right(self.committed, base_offset, key=_start) - 1
         return i >= 0 and base_offset < self.committed[i][1]
 
     def is_committed(self, offset: int) -> bool:
         """Committed data, whether or not an older open reservation still holds the high
         watermark below it: committed is not the same as visible (docs/protocol.md §7)."""
-        i = bisect.bisect_right([r[0] for r in self.committed], offset) - 1
+        i = bisect.bisect_right(self.committed, offset, key=_start) - 1
         return i >= 0 and offset < self.committed[i][1]
 
     def in_open_range(self, offset: int) -> bool:
         return any(r[0] <= offset < r[1] for r in self.open.values())
 
     def is_aborted(self, offset: int) -> bool:
-        i = bisect.bisect_right([r[0] for r in self.aborted], offset) - 1
+        i = bisect.bisect_right(self.aborted, offset, key=_start) - 1
         return i >= 0 and offset < self.aborted[i][1]
 
     def add_aborted(self, start: int, end: int) -> None:
@@ -138,7 +143,7 @@ class PartitionState:
             else:
                 c.append([start, end, epoch])
             return
-        i = bisect.bisect_left([r[0] for r in c], start)
+        i = bisect.bisect_left(c, start, key=_start)
         merged: List[list] = []
         for r in c[:i] + [[start, end, epoch]] + c[i:]:
             if merged and merged[-1][1] == r[0] and merged[-1][2] == r[2]:
