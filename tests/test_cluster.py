@@ -258,7 +258,6 @@ def test_above_the_inline_limit_a_commit_leaves_epochs_with_the_recovery_point(t
     assert _kafka_recovered_epochs(d / "t-0", 9) == entries
 
 
-
 def test_back_under_the_inline_limit_a_commit_catches_up_the_epochs_it_passes(tmp_path,
                                                                                monkeypatch):
     """Epochs a large cluster's commits left to maintenance are written by the first commit
