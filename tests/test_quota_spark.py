@@ -107,7 +107,7 @@ class Meter(threading.Thread):
         return (b2 - b1) / (t2 - t1), end - first
 
 
-def _wait_for_a_job(ks, loop: "Loop", timeout_s: float = 120.0) -> None:
+def _start_and_wait_for_its_job(ks, loop: "Loop", timeout_s: float = 120.0) -> None:
     """Starts ``loop`` and returns once its first Spark job has been submitted (or the loop
     has ended). A job id the session had not seen before is the sign: the status tracker learns
     of job ends asynchronously, so a job that ended just before can still show as active."""
@@ -172,7 +172,7 @@ def test_a_produce_quota_holds_a_writer_to_it_and_leaves_the_other_alone(
         # local[2]'s cores, and a B job submitted after them waits for one of them to end (Spark
         # takes no core from a running task). In the other order B could only run once, after
         # A's first task, with the run's time spent; this way its next job runs beside A's last
-        _wait_for_a_job(ks, b)
+        _start_and_wait_for_its_job(ks, b)
         a.start()
         a.result()
         rate, took = meter.stop()
