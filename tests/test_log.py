@@ -183,3 +183,26 @@ def test_memory_storage_behaves_like_local(tmp_path):
     _assert_indexes_rebuilt(log)
     assert list(PartitionLog(st, "t-3").read_columns(0).offset) == list(range(100))
     assert PartitionLog(st, "t-3").offset_for_timestamp(52) == (52, 52)
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_first_append_that_rolls_repairs_the_segment_it_leaves(tmp_path, torn):
+    """A writer killed after writing a batch to the .log but before its index entries (and,
+    ``torn``, half-way through the next batch) leaves the active segment behind; the next
+    process's first append rolls to a new segment, and the one it leaves is repaired first:
+    its indexes are what Kafka rebuilds and no torn batch stays inside the log."""
+    log = _log(tmp_path, **{"segment.bytes": 8000, "index.interval.bytes": 500})
+    for i in range(6):
+        log.append([_batch(5, start_ts=1_000 + 10 * i)])
+    seg = log.active_segment
+    dead = _batch(4, start_ts=5_000)                     # what the dead writer appended
+    from pyspark_kafkalog.format.encode import assign_offsets
+    data = assign_offsets(dead, log.log_end_offset, -1).data
+    log.storage.append(seg.log_path, data + (data[:100] if torn else b""))
+    reopened = _log(tmp_path, **{"segment.bytes": 8000, "index.interval.bytes": 500})
+    r = reopened.append([_batch(30, start_ts=9_000)])   # too big for the rest: it rolls
+    assert r.rolled == [r.first_offset] and r.first_offset == 34
+    _assert_indexes_rebuilt(reopened)
+    offsets = [rec.offset for s in reopened.segments
+               for rec in decode_records(reopened.storage.read(s.log_path))]
+    assert offsets == list(range(64))

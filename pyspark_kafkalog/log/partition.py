@@ -328,6 +328,11 @@ class PartitionLog:
             raise ValueError("nothing to append")
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         cfg = self.config
+        if self.active_segment is not None:
+            # recovered before anything is decided from it: this append may roll away from it,
+            # and a dead writer's torn tail or stale indexes would then stay in a segment no one
+            # appends to again
+            self.active_segment.prepare_append()
         next_offset = self.log_end_offset
         first = next_offset
         result = AppendResult(first, first - 1)

@@ -477,6 +477,10 @@ class LogSegment:
 
     # -- writing ------------------------------------------------------------------------------
 
+    def prepare_append(self) -> None:
+        """Recover this segment for appending, once per process (see :meth:`_append_state`)."""
+        self._append_state()
+
     def _append_state(self) -> IndexBuilder:
         """The index rule's state at the end of the log, for appending.
 
