@@ -258,6 +258,44 @@ def test_above_the_inline_limit_a_commit_leaves_epochs_with_the_recovery_point(t
     assert _kafka_recovered_epochs(d / "t-0", 9) == entries
 
 
+def test_a_commit_over_many_partitions_leaves_epochs_with_the_recovery_point(tmp_path,
+                                                                             monkeypatch):
+    """A commit that made more than INLINE_CHECKPOINT_MAX_WRITTEN partitions visible rewrites no
+    derived file, however small the cluster (docs/protocol.md §8): every partition's epoch
+    stays behind together with its recovery point, where Kafka's load rebuilds it."""
+    from pyspark_kafkalog.cluster import checkpoints
+    url = str(tmp_path / "c")
+    Admin(url).create_topic("t", 3)
+    Admin(url).produce("t", _recs(4), partition=0)           # one partition: written inline
+    d = tmp_path / "c" / "logdir-0"
+    read = lambda name: ckpt.parse_offset_checkpoint((d / name).read_text())
+    epochs = lambda p: ckpt.parse_leader_epoch_checkpoint(
+        (d / f"t-{p}" / "leader-epoch-checkpoint").read_text())
+    assert read("recovery-point-offset-checkpoint")[("t", 0)] == 4 and epochs(0) == [(0, 0)]
+    monkeypatch.setattr(checkpoints, "INLINE_CHECKPOINT_MAX_WRITTEN", 2)
+    a = Admin(url)                                           # a new writer: epochs begin
+    placed = a.produce("t", _recs(30, start=100))            # one commit over 3 partitions
+    assert {m.partition for m in placed} == {0, 1, 2}
+    state = a.cluster.state()
+    entries = {p: [tuple(e) for e in state.partition("t", p).leader_epoch_entries()]
+               for p in range(3)}
+    assert entries[0] == [(0, 0), (1, 4)]
+    rp = read("recovery-point-offset-checkpoint")
+    assert epochs(0) == [(0, 0)] and rp[("t", 0)] == 4       # left behind together
+    assert read("replication-offset-checkpoint")[("t", 0)] == 4
+    for p in range(3):
+        assert _kafka_recovered_epochs(d / f"t-{p}", rp.get(("t", p), 0)) == entries[p]
+    a.produce("t", _recs(2), partition=1)                    # 1 partition: inline again
+    assert epochs(1) == entries[1]                           # the epoch it passes, first
+    assert read("recovery-point-offset-checkpoint")[("t", 1)] == \
+        state.partition("t", 1).high_watermark + 2
+    a.cleanup()                                              # maintenance writes the rest
+    for p in range(3):
+        assert epochs(p) == entries[p]
+    assert read("recovery-point-offset-checkpoint")[("t", 0)] == \
+        state.partition("t", 0).high_watermark
+
+
 def test_back_under_the_inline_limit_a_commit_catches_up_the_epochs_it_passes(tmp_path,
                                                                                monkeypatch):
     """Epochs a large cluster's commits left to maintenance are written by the first commit

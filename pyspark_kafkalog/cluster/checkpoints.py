@@ -21,6 +21,11 @@ from .partition_state import split_key
 #: partitions' ``leader-epoch-checkpoint`` go with the recovery point they must not lag behind;
 #: all are left to maintenance (cleanup, retention), docs/protocol.md §8
 INLINE_CHECKPOINT_MAX_PARTITIONS = 1000
+#: ... and a commit that made more than this many partitions visible rewrites none either: every
+#: Spark job begins an epoch in each partition it writes (§5), so each would be a
+#: ``leader-epoch-checkpoint`` replaced, about 0.5 ms apiece (0.5-0.8 s of a 1,000-partition
+#: job's commit, docs/performance.md), and each replace frees the old file's inode
+INLINE_CHECKPOINT_MAX_WRITTEN = 100
 
 
 Spans = Sequence[Sequence[int]]
@@ -38,9 +43,9 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
     change are replaced together (``Storage.replace_many``): one by one, with two fsyncs each,
     they were most of a 1,000-partition job's commit (docs/spark-write.md).
 
-    A commit (``written`` given) in a cluster of more than ``INLINE_CHECKPOINT_MAX_PARTITIONS``
-    rewrites nothing. Why the epochs may lag with the recovery point: a log dir of ours has no
-    clean-shutdown marker, so Kafka loading it recovers every segment from the
+    A commit (``written`` given) in a cluster of more than ``INLINE_CHECKPOINT_MAX_PARTITIONS``,
+    or over more than ``INLINE_CHECKPOINT_MAX_WRITTEN`` partitions, rewrites nothing. Why the
+    epochs may lag with the recovery point: a log dir of ours has no clean-shutdown marker, so Kafka loading it recovers every segment from the
     ``recovery-point-offset-checkpoint`` on and assigns the epochs it finds in their batches
     (LogLoader, ``LogSegment.recover``); an epoch that begins past the recovery point is
     rebuilt. Maintenance writes the epochs before the recovery point, so it never passes them.
@@ -48,7 +53,8 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
     if log_dir_files is None:
         total = sum(info["partitions"] for info in state.topics.values())
         log_dir_files = total <= INLINE_CHECKPOINT_MAX_PARTITIONS
-        if not log_dir_files and written is not None:
+        if written is not None and (not log_dir_files
+                                    or len(written) > INLINE_CHECKPOINT_MAX_WRITTEN):
             return
     by_dir = defaultdict(dict)
     epochs = {}
