@@ -260,6 +260,28 @@ def run_read_sweep(args, spark, counts) -> Dict[str, object]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def file_create_probe(directory: str, dirs: int = 100) -> float:
+    """Microseconds per file to create three small files in each of ``dirs`` new directories
+    under ``directory`` (kept: they go with the benchmark's temp dir). Printed beside a write
+    sweep because a write to many partitions creates thousands of files, and on ext4 without a
+    journal each create costs up to 20x more for minutes after large deletions (it skips every
+    recently deleted inode: docs/spark-write.md), so the same code gives very different ratios."""
+    root = tempfile.mkdtemp(prefix="probe-", dir=directory)
+    paths = [os.path.join(root, str(i)) for i in range(dirs)]
+    for d in paths:
+        os.mkdir(d)
+    data = b"\0" * 4096
+    t0 = time.perf_counter()
+    for d in paths:
+        for name in ("p.log", "p.index", "p.timeindex"):
+            fd = os.open(os.path.join(d, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+    return (time.perf_counter() - t0) / (3 * dirs) * 1e6
+
+
 def run_write_sweep(args, spark, counts) -> Dict[str, object]:
     """The same cached DataFrame appended to topics of each partition count."""
     tmp = tempfile.mkdtemp(prefix="kafkalog-bench-", dir=args.dir)
@@ -288,14 +310,16 @@ def run_write_sweep(args, spark, counts) -> Dict[str, object]:
             for k, v in extra.items():
                 w = w.option(k, v)
             w.save(url)
+        probe = {"before": file_create_probe(tmp)}
         for n in counts:   # warm-up
             write(n)
         times = round_robin(args.repeat, {str(n): (lambda n=n: write(n)) for n in counts})
+        probe["after"] = file_create_probe(tmp)
         written = {str(n): sum(p.high_watermark for p in
                                Admin(url).describe_topic(f"bench-{n}").partitions)
                    for n in counts}
         return dict(_sweep_summary(args.rows, counts, times), rows_written=written,
-                    write_options=extra, shuffle=bool(args.shuffle))
+                    write_options=extra, shuffle=bool(args.shuffle), file_create_us=probe)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -426,4 +450,9 @@ def render_sweep(name: str, result: Dict[str, object]) -> str:
         lines.append(f"  {k:>6} partitions  best {result['seconds'][k]:7.3f} s  median "
                      f"{result['median_seconds'][k]:7.3f} s  ratio "
                      f"{result['median_ratio_vs_first'][k]:5.2f}x{extra}")
+    probe = result.get("file_create_us")
+    if probe:
+        lines.append(f"  creating a file here: {probe['before']:.0f} us before the runs, "
+                     f"{probe['after']:.0f} us after (3 files in each of 100 new directories; "
+                     "tens of us is a quiet filesystem, docs/spark-write.md)")
     return "\n".join(lines)

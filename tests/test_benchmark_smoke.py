@@ -102,6 +102,9 @@ def test_spark_sections_sweep_partition_counts(spark):
     write = bench_spark.run_spark_write(args)
     assert write["rows_written"] == {"2": 2000 * 2, "20": 2000 * 2}   # warm-up + one repeat
     assert "ratio" in bench_spark.render("spark-write", write)
+    probe = write["file_create_us"]
+    assert _positive(probe["before"]) and _positive(probe["after"])
+    assert "creating a file here" in bench_spark.render("spark-write", write)
 
 
 def test_streaming_planning_runs_on_a_small_topic(tmp_path):
