@@ -24,7 +24,7 @@ INLINE_CHECKPOINT_MAX_PARTITIONS = 1000
 #: ... and a commit that made more than this many partitions visible rewrites none either: every
 #: Spark job begins an epoch in each partition it writes (§5), so each would be a
 #: ``leader-epoch-checkpoint`` replaced, about 0.5 ms apiece (0.5-0.8 s of a 1,000-partition
-#: job's commit, docs/performance.md), and each replace frees the old file's inode
+#: job's commit, docs/spark-write.md), and each replace frees the old file's inode
 INLINE_CHECKPOINT_MAX_WRITTEN = 100
 
 
@@ -45,10 +45,10 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
 
     A commit (``written`` given) in a cluster of more than ``INLINE_CHECKPOINT_MAX_PARTITIONS``,
     or over more than ``INLINE_CHECKPOINT_MAX_WRITTEN`` partitions, rewrites nothing. Why the
-    epochs may lag with the recovery point: a log dir of ours has no clean-shutdown marker, so Kafka loading it recovers every segment from the
-    ``recovery-point-offset-checkpoint`` on and assigns the epochs it finds in their batches
-    (LogLoader, ``LogSegment.recover``); an epoch that begins past the recovery point is
-    rebuilt. Maintenance writes the epochs before the recovery point, so it never passes them.
+    epochs may lag with the recovery point: a log dir of ours has no clean-shutdown marker, so
+    Kafka loading it recovers every segment from the ``recovery-point-offset-checkpoint`` on
+    and assigns the epochs it finds in their batches (LogLoader, ``LogSegment.recover``); an
+    epoch that begins past the recovery point is rebuilt. Maintenance writes the epochs before the recovery point, so it never passes them.
     Rewriting them per commit was still most of a 1,000-partition job's commit (0.3-0.5 s)."""
     if log_dir_files is None:
         total = sum(info["partitions"] for info in state.topics.values())
