@@ -48,8 +48,9 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
     epochs may lag with the recovery point: a log dir of ours has no clean-shutdown marker, so
     Kafka loading it recovers every segment from the ``recovery-point-offset-checkpoint`` on
     and assigns the epochs it finds in their batches (LogLoader, ``LogSegment.recover``); an
-    epoch that begins past the recovery point is rebuilt. Maintenance writes the epochs before the recovery point, so it never passes them.
-    Rewriting them per commit was still most of a 1,000-partition job's commit (0.3-0.5 s)."""
+    epoch that begins past the recovery point is rebuilt. Maintenance writes the epochs before
+    the recovery point, so it never passes them. Rewriting them per commit was still most of a
+    1,000-partition job's commit (0.3-0.5 s)."""
     if log_dir_files is None:
         total = sum(info["partitions"] for info in state.topics.values())
         log_dir_files = total <= INLINE_CHECKPOINT_MAX_PARTITIONS
