@@ -1072,28 +1072,19 @@ def test_failover_replay_properties(spec, unclean, data):
 
 # -- the examples of §1.3 ---------------------------------------------------------------------------
 
-_scratch_root: List[str] = []   # the running test's tmp_path (set by the fixture below)
-
-
 @pytest.fixture(autouse=True)
-def _scratch_under_tmp_path(tmp_path):
-    """The examples below make their storage roots under the test's ``tmp_path`` (which pytest
-    cleans up with its other temp dirs), not with bare ``mkdtemp``, which left a directory in
-    the system's temp dir per example and run."""
-    _scratch_root.append(str(tmp_path))
-    yield
-    _scratch_root.pop()
-
-
-def _scratch(prefix: str) -> str:
-    return tempfile.mkdtemp(prefix=prefix, dir=_scratch_root[-1])
+def _temp_dirs_under_tmp_path(tmp_path, monkeypatch):
+    """The examples below make their storage roots with ``mkdtemp``: under the test's
+    ``tmp_path`` (which pytest cleans up with its other temp dirs), not in the system's temp
+    dir, where they were left behind, one per example and run."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 class Cl:
     """A replay-only cluster with one coordinator and topic ``t`` (replicas d0, d1[, d2])."""
 
     def __init__(self, rf: int = 2, min_isr: int = 1, replication: bool = True):
-        self.m = Model(_scratch("repl-examples-"))
+        self.m = Model(tempfile.mkdtemp(prefix="repl-examples-"))
         self.m.setup([("t", rf, 1, min_isr)], replication)
         self.key = "t:0"
         self.replicas = self.m.replicas(self.key)
@@ -1244,7 +1235,7 @@ def test_an_unclean_election_needs_the_topic_config():
 
 
 def test_a_reassignment_runs_to_completion():
-    m = Model(_scratch("repl-move-"))
+    m = Model(tempfile.mkdtemp(prefix="repl-move-"))
     m.setup([("t", 1, 1, 1)], True)                      # t:0 on logdir-0 alone
     c = Cl.__new__(Cl)
     c.m, c.key, c.replicas, c.n = m, "t:0", ["logdir-0"], 0
@@ -1420,7 +1411,7 @@ def test_replication_actions_need_the_feature():
     ({"logdir-1": [[2, 2]]}, "INVALID_REQUEST"),          # empty
 ])
 def test_bogus_progress_is_refused_per_partition(bogus, error):
-    m = Model(_scratch("repl-bogus-"))
+    m = Model(tempfile.mkdtemp(prefix="repl-bogus-"))
     m.setup([("t", 2, 2, 1)], True)                        # t:0 led by logdir-0
     for key in ("t:0", "t:1"):
         assert m.apply(A.Reserve(txn=key, producer="p", timeout_ms=10**9,

@@ -32,6 +32,7 @@ from kafka.partitioner.default import murmur2 as kp_murmur2
 from kafka.record.memory_records import MemoryRecords
 
 from conftest import write
+from coordinator_support import eventually
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.arrow_writer import TaskWriter
 from pyspark_kafkalog.cluster.cluster import Cluster
@@ -229,14 +230,16 @@ def test_failing_task_leaves_nothing_visible_and_no_files(ks, tmp_path):
     # them once it is done, so it runs until no zombie writes any more
     expected = ["00000000000000000000.index", "00000000000000000000.log",
                 "00000000000000000000.timeindex"]
-    deadline = time.time() + 30
-    while True:
+
+    def left():
+        return sorted(p.name for p in seg_files(root, "boom"))
+
+    def cleaned():
         admin.cleanup()
-        left = sorted(p.name for p in seg_files(root, "boom"))
-        if left == expected or time.time() > deadline:
-            break
-        time.sleep(0.5)
-    assert left == expected, left
+        return left() == expected
+    eventually(cleaned, "cleanup removes the aborted attempts' segments", deadline_s=30,
+               describe=left, interval_s=0.5)
+    assert left() == expected, left()
     # the topic still takes writes, and what the failed job reserved stays a gap
     write(ks.createDataFrame([("after",)], "value string"), root, topic="boom")
     assert sorted(r.value for r in admin.consume("boom")) == [b"after", b"committed earlier"]
