@@ -731,9 +731,9 @@ class SyncBatch:
     of them a journal commit when they come one after another; synced together, the first
     fsync commits all of the flush's metadata and the rest find their inodes already committed.
     The files are durable when ``sync`` returns, before the flush hands its write to the
-    commit, so what a commit makes visible is still durable (docs/protocol.md §3). A file linked
-    but not yet synced when the machine fails belongs to a reservation nobody committed: it is
-    garbage of an aborted write, as a temp file was before. Only threads running wrapped jobs
+    commit, so what a commit makes visible is still durable (docs/protocol.md §3, Durability).
+    A file linked but not yet synced when the machine fails belongs to a reservation nobody
+    committed: it is garbage of an aborted write, as a temp file was before. Only threads running wrapped jobs
     defer: anything else in the process syncs as it goes.
     """
 
