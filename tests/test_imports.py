@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 import pytest
 
@@ -78,24 +78,33 @@ def _resolve(importer: str, is_package: bool, level: int, module: Optional[str])
     return ".".join(base + ([module] if module else []))
 
 
-def _functions_of(tree: ast.AST) -> Set[int]:
-    """ids of the import nodes that sit inside a function."""
-    inside = set()
-    for fn in ast.walk(tree):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            for node in ast.walk(fn):
-                if isinstance(node, (ast.Import, ast.ImportFrom)):
-                    inside.add(id(node))
-    return inside
+def _imports_of(tree: ast.Module) -> List[Tuple[ast.stmt, bool]]:
+    """Every import statement, and whether it sits inside a function. An import is a statement,
+    so only statement lists are searched, not expressions."""
+    found = []
+
+    def visit(stmts, inside: bool) -> None:
+        for st in stmts:
+            if isinstance(st, (ast.Import, ast.ImportFrom)):
+                found.append((st, inside))
+                continue
+            nested = inside or isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for block in ("body", "orelse", "finalbody"):
+                value = getattr(st, block, None)
+                if isinstance(value, list):
+                    visit(value, nested)
+            for part in getattr(st, "handlers", None) or getattr(st, "cases", None) or []:
+                visit(part.body, nested)
+
+    visit(tree.body, False)
+    return found
 
 
 def _edges_of(name: str, path: Path) -> List[Edge]:
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-    inside = _functions_of(tree)
     is_package = path.name == "__init__.py"
-    out = []
-    for node in ast.walk(tree):
-        where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', 0)}"
+    out, shown = [], path.relative_to(PACKAGE.parent)
+    for node, inside in _imports_of(tree):
         if isinstance(node, ast.Import):
             targets = [(a.name, None) for a in node.names
                        if a.name == ROOT or a.name.startswith(ROOT + ".")]
@@ -105,9 +114,8 @@ def _edges_of(name: str, path: Path) -> List[Edge]:
                 continue
             targets = [(f"{base}.{a.name}", None) if _is_module(f"{base}.{a.name}")
                        else (base, a.name) for a in node.names]
-        else:
-            continue
-        out += [Edge(name, target, what, where, id(node) in inside)
+        where = f"{shown}:{node.lineno}"
+        out += [Edge(name, target, what, where, inside)
                 for target, what in targets if target != name]
     return out
 
