@@ -17,12 +17,19 @@ from dataclasses import asdict
 from _common import spark_fan_out, spark_session
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.maintenance import retention
+from pyspark_kafkalog.errors import OfflineLogDirError
 
 
 def run(url: str, *, dry_run: bool = False, now_ms=None, spark=None,
         min_partitions_for_spark: int = 64) -> list:
-    plans = retention(Cluster(url, create=False), dry_run=dry_run, now_ms=now_ms,
-                      fan_out=spark_fan_out(spark, min_partitions_for_spark))
+    """The plans applied, as dicts. A log dir that could not be reached raises
+    ``OfflineLogDirError`` once the rest is done; its ``done`` holds those dicts then."""
+    try:
+        plans = retention(Cluster(url, create=False), dry_run=dry_run, now_ms=now_ms,
+                          fan_out=spark_fan_out(spark, min_partitions_for_spark))
+    except OfflineLogDirError as exc:
+        exc.done = [asdict(p) for p in exc.done]
+        raise
     return [asdict(p) for p in plans]
 
 
@@ -34,13 +41,20 @@ def main(argv=None) -> int:
     parser.add_argument("--min-partitions-for-spark", type=int, default=64)
     args = parser.parse_args(argv)
     spark = spark_session("kafkalog-retention")
-    plans = run(args.cluster, dry_run=args.dry_run, now_ms=args.now_ms, spark=spark,
-                min_partitions_for_spark=args.min_partitions_for_spark)
+    offline = None
+    try:
+        plans = run(args.cluster, dry_run=args.dry_run, now_ms=args.now_ms, spark=spark,
+                    min_partitions_for_spark=args.min_partitions_for_spark)
+    except OfflineLogDirError as exc:   # the rest was done: reported, then the error
+        plans, offline = exc.done, exc
     for p in plans:
         print(json.dumps(p))
     print(f"retention: {len(plans)} partitions trimmed, {sum(len(p['segments']) for p in plans)} "
           f"segments, {sum(p['bytes'] for p in plans)} bytes{' (dry run)' if args.dry_run else ''}",
           file=sys.stderr)
+    if offline is not None:
+        print(f"retention: error: {offline.error_name}: {offline}", file=sys.stderr)
+        return 1
     return 0
 
 

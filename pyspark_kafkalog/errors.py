@@ -280,6 +280,21 @@ class LogDirNotEmptyError(InvalidRequestError):
     was never registered: registering it would mix its files with the cluster's."""
 
 
+class OfflineLogDirError(KafkaStorageError):
+    """Maintenance (retention, cleanup, checkpoints) did everything it could reach and skipped
+    the log dirs it could not: Kafka's broker takes a failed log dir offline and goes on with
+    the others (KIP-112), rather than letting one disk stop them all. ``offline``: each
+    skipped log dir's name and why; ``skipped``: the partitions skipped there; ``done``: what
+    the run did, as its call returns it normally. Nothing in a skipped log dir changed; the
+    next run there catches up."""
+
+    def __init__(self, message: str, *, offline=None, skipped=(), done=None):
+        super().__init__(message)
+        self.offline = dict(offline or {})
+        self.skipped = list(skipped)
+        self.done = done
+
+
 # -- replication (docs/protocol.md §1.3) ---------------------------------------------------------
 
 class NotEnoughReplicasError(KafkaLogError):

@@ -273,10 +273,15 @@ class Admin:
 
     def retention(self, *, dry_run: bool = False, now_ms: Optional[int] = None,
                   partitions: Optional[List[TopicPartition]] = None) -> List[RetentionPlan]:
+        """The plans applied (or, with ``dry_run``, that would be). A log dir that cannot be
+        reached is skipped and the rest done; then ``OfflineLogDirError`` names it, with the
+        plans as its ``done``."""
         return retention(self.cluster, dry_run=dry_run, now_ms=now_ms,
                          partitions=[tuple(tp) for tp in partitions] if partitions else None)
 
     def cleanup(self) -> Dict[str, List[str]]:
+        """What was removed, by kind. A log dir that cannot be reached is skipped and the
+        others cleaned; then ``OfflineLogDirError`` names it, with this dict as its ``done``."""
         return collect_garbage(self.cluster)
 
     def repair_partition(self, topic: str, partition: Optional[int] = None, *,

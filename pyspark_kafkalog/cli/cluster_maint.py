@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 from typing import List
 
+from ..cluster.maintenance import offline_error
 from ..cluster.offset_json import OFFSET_FILE_EXAMPLE, load_offset_json
-from ..errors import InvalidConfigError
+from ..errors import InvalidConfigError, OfflineLogDirError
 from .cluster_common import OUTPUT_HELP, columns, emit_rows, open_admin, parse_configs, say
 from .progress import Progress
 
@@ -121,18 +122,30 @@ def run_retention(args) -> int:
     cluster = admin.cluster
     tps = cluster.partitions(cluster.state())
     now = cluster.storage_now_ms()   # segment times are judged by one clock, not ours
-    plans = []
+    plans, offline = [], []
     with Progress(len(tps), "retention") as bar:
         for i in range(0, len(tps), RETENTION_CHUNK):
             chunk = [TopicPartition(*tp) for tp in tps[i:i + RETENTION_CHUNK]]
-            plans += admin.retention(dry_run=args.dry_run, now_ms=now, partitions=chunk)
+            try:
+                plans += admin.retention(dry_run=args.dry_run, now_ms=now, partitions=chunk)
+            except OfflineLogDirError as exc:   # the rest was done: shown, then the error
+                plans += exc.done
+                offline.append(exc)
             bar.advance(len(chunk))
+    _report_retention(args, plans, len(tps))
+    if offline:   # one error for all the chunks
+        raise offline_error("retention", {k: v for e in offline for k, v in e.offline.items()},
+                            [u for e in offline for u in e.skipped], plans)
+    return 0
+
+
+def _report_retention(args, plans, partitions: int) -> None:
     rows = [{"topic": p.topic, "partition": p.partition, "log_start_offset": p.log_start_offset,
              "new_log_start_offset": p.new_log_start_offset, "segments": list(p.segments),
              "bytes": p.bytes, "reason": p.reason} for p in plans]
     if args.json:
         emit_rows(args, RETENTION_COLUMNS, rows)
-        return 0
+        return
     emit_rows(args, RETENTION_COLUMNS, [dict(r, segments=len(r["segments"])) for r in rows])
     verb = "Would delete" if args.dry_run else "Deleted"
     if rows:
@@ -141,8 +154,7 @@ def run_retention(args) -> int:
                          f"partition(s).\n")
     else:
         sys.stdout.write(f"Nothing to delete: no segment is past retention in "
-                         f"{len(tps)} partition(s).\n")
-    return 0
+                         f"{partitions} partition(s).\n")
 
 
 # -- log-dirs, cleanup -----------------------------------------------------------------------
@@ -174,7 +186,10 @@ def run_log_dirs(args) -> int:
 
 def run_cleanup(args) -> int:
     admin = open_admin(args, "cleanup")
-    removed = admin.cleanup()
+    try:
+        removed, offline = admin.cleanup(), None
+    except OfflineLogDirError as exc:   # the other log dirs were cleaned: shown, then the error
+        removed, offline = exc.done, exc
     # an unknown dir is one cleanup cannot prove is a deleted topic's: it is kept and shown
     kinds = {"segments": "segment", "dirs": "dir", "temp": "temp", "unknown_dirs": "kept-unknown"}
     rows = [{"kind": kinds.get(k, k), "path": path}
@@ -182,4 +197,6 @@ def run_cleanup(args) -> int:
     emit_rows(args, CLEANUP_COLUMNS, rows)
     if not args.json and not rows:
         sys.stdout.write("Nothing to clean up.\n")
+    if offline is not None:
+        raise offline
     return 0

@@ -6,8 +6,9 @@ a log dir see the same high watermarks, log start offsets and leader epochs that
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
+from ..errors import KafkaStorageError, StorageNotFoundError
 from ..format import checkpoint as ckpt
 from ..log.logdir import (LOG_START_CHECKPOINT, RECOVERY_POINT_CHECKPOINT,
                           REPLICATION_CHECKPOINT, LogDir)
@@ -33,9 +34,14 @@ Spans = Sequence[Sequence[int]]
 
 def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
                      log_dir_files: Optional[bool] = None,
-                     written: Optional[Mapping[Tuple[str, int], Spans]] = None) -> None:
+                     written: Optional[Mapping[Tuple[str, int], Spans]] = None,
+                     skip_offline: bool = False) -> Dict[str, str]:
     """Rewrite the checkpoint files of ``tps``. ``log_dir_files``: also the log-dir-wide
     files; by default only while the cluster is small enough for that to cost little.
+
+    ``skip_offline`` (maintenance): a log dir that cannot be reached is left as it is and the
+    others are written; returned, each with why (else a storage error is raised, and nothing is
+    returned but ``{}``). The files are derived, so the next run writes what it missed.
 
     ``written``: the ``[start, end)`` ranges a commit just made visible, per partition. A
     partition's ``leader-epoch-checkpoint`` then changed only if one of its epochs begins inside
@@ -56,9 +62,9 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
         log_dir_files = total <= INLINE_CHECKPOINT_MAX_PARTITIONS
         if written is not None and (not log_dir_files
                                     or len(written) > INLINE_CHECKPOINT_MAX_WRITTEN):
-            return
+            return {}
     by_dir = defaultdict(dict)
-    epochs = {}
+    epochs = defaultdict(dict)   # per log dir
     recovery_points: dict = {}   # per log dir, for a commit: what the file says now
     for topic, p in tps:
         ps = state.partition(topic, p)
@@ -74,17 +80,43 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
                                                                     entries, recovery_points)):
                 continue
             path = f"{cluster.partition_dir(topic, p, logdir)}/{LEADER_EPOCH_FILE}"
-            epochs[path] = ckpt.format_leader_epoch_checkpoint(entries).encode()
-    cluster.storage.replace_many(epochs)
+            epochs[logdir][path] = ckpt.format_leader_epoch_checkpoint(entries).encode()
+    offline: Dict[str, str] = {}
+    if not skip_offline:   # one barrier for them all
+        cluster.storage.replace_many({k: v for files in epochs.values() for k, v in files.items()})
+    for logdir, files in epochs.items():
+        if skip_offline:
+            _or_offline(offline, logdir, lambda: cluster.storage.replace_many(files))
     if not log_dir_files:
-        return
+        return offline
     for logdir, parts in by_dir.items():
-        ld = LogDir(cluster.storage, logdir)
-        hw = {tp: ps.high_watermark for tp, ps in parts.items()}
-        ld.merge_checkpoint(REPLICATION_CHECKPOINT, hw)
-        ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
-        ld.merge_checkpoint(LOG_START_CHECKPOINT,
-                            {tp: ps.log_start_offset for tp, ps in parts.items()})
+        if logdir not in offline:
+            _or_offline(offline if skip_offline else None, logdir,
+                        lambda: _write_log_dir_files(cluster, logdir, parts))
+    return offline
+
+
+def _write_log_dir_files(cluster, logdir: str, parts) -> None:
+    ld = LogDir(cluster.storage, logdir)
+    hw = {tp: ps.high_watermark for tp, ps in parts.items()}
+    ld.merge_checkpoint(REPLICATION_CHECKPOINT, hw)
+    ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
+    ld.merge_checkpoint(LOG_START_CHECKPOINT,
+                        {tp: ps.log_start_offset for tp, ps in parts.items()})
+
+
+def _or_offline(offline: Optional[Dict[str, str]], logdir: str, work) -> None:
+    """``work()``; with ``offline`` given, a log dir that cannot be reached is noted there
+    instead of raised (a missing file or directory is still raised: that is no offline disk)."""
+    if offline is None:
+        work()
+        return
+    try:
+        work()
+    except StorageNotFoundError:
+        raise
+    except KafkaStorageError as exc:
+        offline[logdir] = str(exc)
 
 
 def _past_recovery_point(cluster, logdir: str, topic: str, p: int, entries,

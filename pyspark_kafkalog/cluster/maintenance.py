@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import KafkaLogError, StorageNotFoundError, error_for
+from ..errors import (KafkaLogError, KafkaStorageError, OfflineLogDirError,
+                      StorageNotFoundError, error_for)
 from ..log.segment import LogSegment
 from . import actions as A
 from .checkpoints import sync_checkpoints
@@ -45,6 +46,47 @@ class RetentionPlan:
     bytes: int = 0
     reason: str = ""
     topic_id: str = ""      # the incarnation planned against: a recreated topic is left alone
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """A partition whose work was skipped because its leader's log dir could not be reached
+    (an offline log dir, KIP-112): it is named in the run's :class:`OfflineLogDirError`."""
+    topic: str
+    partition: int
+    log_dir: str
+    error: str
+
+
+def _unreachable(state: ClusterState, topic: str, partition: int, exc: Exception) -> Unreachable:
+    return Unreachable(topic, partition,
+                       leader_of(state.partition(topic, partition),
+                                 state.topics[topic]["replicas"][partition]), str(exc))
+
+
+def _split(results: list) -> Tuple[list, List[Unreachable]]:
+    return ([r for r in results if not isinstance(r, Unreachable)],
+            [r for r in results if isinstance(r, Unreachable)])
+
+
+def offline_error(what: str, offline: Mapping[str, str], skipped: Sequence[Unreachable],
+                  done) -> OfflineLogDirError:
+    """The one error of a maintenance run that skipped log dirs: each one named once, with
+    why and the partitions it skipped there (the rest of the cluster was done)."""
+    offline = dict(offline)
+    by_dir: Dict[str, List[str]] = {}
+    for u in skipped:
+        offline.setdefault(u.log_dir, u.error)
+        by_dir.setdefault(u.log_dir, []).append(f"{u.topic}-{u.partition}")
+    parts = []
+    for name in sorted(offline):
+        tps = sorted(by_dir.get(name, []))
+        shown = ", ".join(tps[:5]) + (", …" if len(tps) > 5 else "")
+        parts.append(f"{name} ({offline[name]})"
+                     + (f"; skipped {len(tps)} partition(s) led there: {shown}" if tps else ""))
+    return OfflineLogDirError(
+        f"{what} skipped log dir(s) it could not reach, and did the rest of the cluster: "
+        + "; ".join(parts), offline=offline, skipped=skipped, done=done)
 
 
 @dataclass
@@ -112,12 +154,20 @@ def _delete_step(cluster, state: ClusterState, items: List[TopicPartition],
         if state.partition(topic, partition) is None:
             continue
         deleted = set()
-        if planned:
-            d = cluster.partition_dir(topic, partition, state=state)
-            for base in planned.get((topic, partition), ()):
-                LogSegment(cluster.storage, d, base).delete()
-                deleted.add(base)
-        deleted.update(delete_below_log_start(cluster, state, topic, partition))
+        try:
+            if planned:
+                d = cluster.partition_dir(topic, partition, state=state)
+                for base in planned.get((topic, partition), ()):
+                    LogSegment(cluster.storage, d, base).delete()
+                    deleted.add(base)
+            deleted.update(delete_below_log_start(cluster, state, topic, partition))
+        except StorageNotFoundError:
+            raise
+        except KafkaStorageError as exc:
+            # the log start offset is raised already, so no reader selects these segments;
+            # cleanup deletes them once the log dir is back (Kafka's rule, §7)
+            out.append(_unreachable(state, topic, partition, exc))
+            continue
         for follower in _followers(state, topic, partition):
             try:   # a follower's root may be away: cleanup deletes there later (§7)
                 delete_below_log_start(cluster, state, topic, partition, follower)
@@ -216,8 +266,10 @@ def delete_records(cluster, offsets: Mapping[TopicPartition, int], *,
     answers = _answers(res[0], request)
     results.update(answers)
     done = [tp for tp, r in answers.items() if r.error is None]
+    # the entry is the deletion: a partition whose log dir is offline keeps its files until a
+    # cleanup there (below the log start offset, §7), and its answer stands
     fan_out(done, PartitionWork(_delete_step, cluster, state))
-    sync_checkpoints(cluster, state, done, log_dir_files=True)
+    sync_checkpoints(cluster, state, done, log_dir_files=True, skip_offline=True)
     return results
 
 
@@ -260,27 +312,36 @@ def retention(cluster, *, dry_run: bool = False, now_ms: Optional[int] = None,
               fan_out: FanOut = serial) -> List[RetentionPlan]:
     """Plan retention for ``partitions`` (default: all) and, unless ``dry_run``, apply the plans.
     The dry run's plans are exactly what a run at the same ``now_ms`` applies. ``now_ms``
-    defaults to the storage's clock: segment files' times are judged by it, not by ours."""
+    defaults to the storage's clock: segment files' times are judged by it, not by ours.
+
+    A partition whose leader's log dir cannot be reached is skipped, and the rest is done
+    (KIP-112: a failed log dir goes offline, the others go on); the run then raises
+    :class:`OfflineLogDirError` naming those log dirs, with the plans it did apply as ``done``."""
     state = cluster.state()
     now = cluster.storage_now_ms() if now_ms is None else now_ms
-    plans = plan_retention(cluster, state, now, partitions, fan_out=fan_out)
+    plans, skipped = _split(plan_retention(cluster, state, now, partitions, fan_out=fan_out))
+    offline: Dict[str, str] = {}
     if not dry_run:
-        apply_retention(cluster, plans, fan_out=fan_out)
+        _, late, offline = _apply(cluster, plans, fan_out)
+        skipped += late
+    if skipped or offline:
+        raise offline_error("retention", offline, skipped, plans)
     return plans
 
 
 def plan_retention(cluster, state: ClusterState, now_ms: int,
                    partitions: Optional[Sequence[TopicPartition]] = None, *,
-                   fan_out: FanOut = serial) -> List[RetentionPlan]:
+                   fan_out: FanOut = serial) -> list:
     """Which whole segments ``retention.ms`` (by each segment's largest timestamp, KIP-32) and
     ``retention.bytes`` (per partition) remove, and the log start offset that follows.
-    Reading segments is the slow part, so it goes through ``fan_out``."""
+    Reading segments is the slow part, so it goes through ``fan_out``. A partition whose
+    leader's log dir cannot be read comes back as :class:`Unreachable` instead of a plan."""
     items = cluster.partitions(state) if partitions is None else [tuple(tp) for tp in partitions]
     return fan_out(items, PartitionWork(_plan_step, cluster, state, now_ms))
 
 
 def _plan_step(cluster, state: ClusterState, items: List[TopicPartition],
-               now_ms: int) -> List[RetentionPlan]:
+               now_ms: int) -> list:
     plans = []
     for topic, partition in items:
         for _attempt in range(3):
@@ -291,6 +352,9 @@ def _plan_step(cluster, state: ClusterState, items: List[TopicPartition],
                 # delete-records or another retention run deleted a segment under us; they only
                 # raise the log start offset, so plan again from a newer state
                 state = cluster.state()
+            except KafkaStorageError as exc:   # its log dir is offline: the others go on
+                plan = _unreachable(state, topic, partition, exc)
+                break
         else:
             continue   # still racing: the next run plans this partition
         if plan is not None:
@@ -332,11 +396,21 @@ def _plan_partition(cluster, state: ClusterState, topic: str, partition: int,
 def apply_retention(cluster, plans: List[RetentionPlan], *,
                     fan_out: FanOut = serial) -> ClusterState:
     """One ``set_log_start`` entry for every partition trimmed, then the file deletions (through
-    ``fan_out``) in the partitions where it applied; returns the state after the entry."""
+    ``fan_out``) in the partitions where it applied; returns the state after the entry. Raises
+    :class:`OfflineLogDirError` after all that when a log dir could not be reached for the
+    deletions (its files go at a later run, below the log start offset)."""
+    state, skipped, offline = _apply(cluster, plans, fan_out)
+    if skipped or offline:
+        raise offline_error("retention", offline, skipped, plans)
+    return state
+
+
+def _apply(cluster, plans: List[RetentionPlan], fan_out: FanOut
+           ) -> Tuple[ClusterState, List[Unreachable], Dict[str, str]]:
     state = cluster.state()
     cluster.check_writable(state)
     if not plans:
-        return state
+        return state, [], {}
     # retention is the cluster's own policy, not a user's request: no principal, no ACL check
     _, state, results = cluster.submit([A.SetLogStart(
         principal=None, reason="retention",
@@ -347,9 +421,9 @@ def apply_retention(cluster, plans: List[RetentionPlan], *,
     applied = {(p.topic, p.partition): list(p.segments) for p in plans
                if getattr(outcome.get(tp_key(p.topic, p.partition)), "ok", False)}
     done = sorted(applied)
-    fan_out(done, PartitionWork(_delete_step, cluster, state, applied))
-    sync_checkpoints(cluster, state, done, log_dir_files=True)
-    return state
+    _, skipped = _split(fan_out(done, PartitionWork(_delete_step, cluster, state, applied)))
+    offline = sync_checkpoints(cluster, state, done, log_dir_files=True, skip_offline=True)
+    return state, skipped, offline
 
 
 def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str, List[str]]:
@@ -364,48 +438,78 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
     The state is replayed *before* listing segment files (a segment written after that replay
     belongs to a reservation the state does not know, and is not in an aborted range of it), and
     again *after* listing partition directories (a topic created meanwhile is live in it).
+
+    A log dir that cannot be reached is skipped and the others are cleaned (KIP-112); the run
+    then raises :class:`OfflineLogDirError` naming it, with what it removed as ``done``.
     """
     cluster.check_writable()
     cluster.abort_expired()
     state = cluster.state()
     removed: Dict[str, List[str]] = {"segments": [], "dirs": [], "temp": [], "unknown_dirs": []}
-    listed = {logdir: cluster.storage.list_dirs(logdir) for logdir in cluster.logdirs}
+    listed: Dict[str, List[str]] = {}
+    offline: Dict[str, str] = {}
+    for logdir in cluster.logdirs:
+        try:
+            listed[logdir] = cluster.storage.list_dirs(logdir)
+        except StorageNotFoundError:
+            raise
+        except KafkaStorageError as exc:
+            offline[logdir] = str(exc)
     after = cluster.state()
     live_dirs = {}
     for topic, info in after.topics.items():
         for p, replicas in enumerate(info["replicas"]):
             for d in replicas:
                 live_dirs[f"{d}/{topic}-{p}"] = (topic, p)
-    for logdir in cluster.logdirs:
-        removed["temp"] += cluster.storage.cleanup_temp_files(logdir, temp_file_max_age_s)
-        for name in listed[logdir]:
-            path = f"{logdir}/{name}"
-            if path not in live_dirs:
-                if "-" in name and name.rpartition("-")[2].isdigit():
-                    if is_deleted_topic_dir(cluster, after, path, name.rpartition("-")[0]):
-                        cluster.storage.delete_tree(path)
-                        removed["dirs"].append(path)
-                    else:
-                        removed["unknown_dirs"].append(path)
-                continue
-            topic, p = live_dirs[path]
-            ps = state.partition(topic, p)
-            if ps is None or state.topics[topic]["topic_id"] != after.topics[topic]["topic_id"]:
-                continue   # created (or recreated) after our first replay: the next run
-            removed["temp"] += cluster.storage.cleanup_temp_files(path, temp_file_max_age_s)
-            bases = {}
-            for info in cluster.storage.list(path):
-                m = _SEGMENT_FILE.match(info.name)
-                if m:
-                    bases.setdefault(int(m.group(1)), set()).add(m.group(2))
-            for base, kinds in sorted(bases.items()):
-                if not is_garbage_segment(ps, base, "log" in kinds):
-                    continue
-                for suffix in SEGMENT_SUFFIXES:
-                    cluster.storage.delete(f"{path}/{base:020d}{suffix}")
-                removed["segments"].append(f"{path}/{base:020d}")
-            removed["segments"] += [f"{path}/{b:020d}" for b in
-                                    delete_below_log_start(cluster, state, topic, p,
-                                                           path.partition("/")[0])]
-    sync_checkpoints(cluster, state, cluster.partitions(state), log_dir_files=True)
+    for logdir in listed:
+        try:
+            _clean_log_dir(cluster, state, after, logdir, listed[logdir], live_dirs, removed,
+                           temp_file_max_age_s)
+        except StorageNotFoundError:
+            raise
+        except KafkaStorageError as exc:   # went away meanwhile: what it removed stays listed
+            offline[logdir] = str(exc)
+    reachable = [tp for tp in cluster.partitions(state)
+                 if leader_of(state.partition(*tp), state.topics[tp[0]]["replicas"][tp[1]])
+                 not in offline]
+    offline.update(sync_checkpoints(cluster, state, reachable, log_dir_files=True,
+                                    skip_offline=True))
+    if offline:
+        raise offline_error("cleanup", offline, [], removed)
     return removed
+
+
+def _clean_log_dir(cluster, state: ClusterState, after: ClusterState, logdir: str,
+                   listed: List[str], live_dirs: Dict[str, TopicPartition],
+                   removed: Dict[str, List[str]], temp_file_max_age_s: float) -> None:
+    """:func:`collect_garbage` in one log dir, adding what it removes to ``removed``."""
+    removed["temp"] += cluster.storage.cleanup_temp_files(logdir, temp_file_max_age_s)
+    for name in listed:
+        path = f"{logdir}/{name}"
+        if path not in live_dirs:
+            if "-" in name and name.rpartition("-")[2].isdigit():
+                if is_deleted_topic_dir(cluster, after, path, name.rpartition("-")[0]):
+                    cluster.storage.delete_tree(path)
+                    removed["dirs"].append(path)
+                else:
+                    removed["unknown_dirs"].append(path)
+            continue
+        topic, p = live_dirs[path]
+        ps = state.partition(topic, p)
+        if ps is None or state.topics[topic]["topic_id"] != after.topics[topic]["topic_id"]:
+            continue   # created (or recreated) after our first replay: the next run
+        removed["temp"] += cluster.storage.cleanup_temp_files(path, temp_file_max_age_s)
+        bases = {}
+        for info in cluster.storage.list(path):
+            m = _SEGMENT_FILE.match(info.name)
+            if m:
+                bases.setdefault(int(m.group(1)), set()).add(m.group(2))
+        for base, kinds in sorted(bases.items()):
+            if not is_garbage_segment(ps, base, "log" in kinds):
+                continue
+            for suffix in SEGMENT_SUFFIXES:
+                cluster.storage.delete(f"{path}/{base:020d}{suffix}")
+            removed["segments"].append(f"{path}/{base:020d}")
+        removed["segments"] += [f"{path}/{b:020d}" for b in
+                                delete_below_log_start(cluster, state, topic, p,
+                                                       path.partition("/")[0])]

@@ -33,7 +33,7 @@ from ..cluster.checkpoints import sync_checkpoints
 from ..cluster.config import read_properties_file
 from ..cluster.groups import consumed_offsets, validate_group_id
 from ..cluster.maintenance import FanOut, collect_garbage, delete_records, retention, serial
-from ..errors import FencedCoordinatorError, InvalidConfigError, KafkaLogError
+from ..errors import FencedCoordinatorError, InvalidConfigError, KafkaLogError, OfflineLogDirError
 from ..format.checkpoint import validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -224,21 +224,32 @@ class MaintenanceScheduler:
 
     # each returns (counts of what changed, a problem that makes the run not ok, or None)
 
+    # an offline log dir (KIP-112) makes a run not ok, with what it did on the others counted
+
     def _retention(self) -> Tuple[Dict[str, int], Optional[str]]:
-        plans = retention(self.cluster, fan_out=self.fan_out)
+        try:
+            plans, problem = retention(self.cluster, fan_out=self.fan_out), None
+        except OfflineLogDirError as exc:
+            plans, problem = exc.done, f"{exc.error_name}: {exc}"
         return {"partitions": len(plans), "segments": sum(len(p.segments) for p in plans),
-                "bytes": sum(p.bytes for p in plans)}, None
+                "bytes": sum(p.bytes for p in plans)}, problem
 
     def _cleanup(self) -> Tuple[Dict[str, int], Optional[str]]:
-        removed = collect_garbage(self.cluster)
-        return {k: len(v) for k, v in removed.items()}, None
+        try:
+            removed, problem = collect_garbage(self.cluster), None
+        except OfflineLogDirError as exc:
+            removed, problem = exc.done, f"{exc.error_name}: {exc}"
+        return {k: len(v) for k, v in removed.items()}, problem
 
     def _checkpoints(self) -> Tuple[Dict[str, int], Optional[str]]:
         # what cleanup ends with: every partition's files from the metadata state (protocol §8)
         state = self.cluster.state()
         tps = self.cluster.partitions(state)
-        sync_checkpoints(self.cluster, state, tps, log_dir_files=True)
-        return {"partitions": len(tps)}, None
+        offline = sync_checkpoints(self.cluster, state, tps, log_dir_files=True,
+                                   skip_offline=True)
+        problem = None if not offline else "KAFKA_STORAGE_ERROR: skipped offline log dir(s): " \
+            + "; ".join(f"{name} ({why})" for name, why in sorted(offline.items()))
+        return {"partitions": len(tps)}, problem
 
     def _delete_after_consumption(self) -> Tuple[Dict[str, int], Optional[str]]:
         offsets, ids = {}, {}
