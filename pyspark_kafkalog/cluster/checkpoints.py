@@ -82,11 +82,11 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
             path = f"{cluster.partition_dir(topic, p, logdir)}/{LEADER_EPOCH_FILE}"
             epochs[logdir][path] = ckpt.format_leader_epoch_checkpoint(entries).encode()
     offline: Dict[str, str] = {}
-    if not skip_offline:   # one barrier for them all
-        cluster.storage.replace_many({k: v for files in epochs.values() for k, v in files.items()})
-    for logdir, files in epochs.items():
-        if skip_offline:
+    if skip_offline:
+        for logdir, files in epochs.items():
             _or_offline(offline, logdir, lambda: cluster.storage.replace_many(files))
+    else:   # one barrier for them all
+        cluster.storage.replace_many({k: v for files in epochs.values() for k, v in files.items()})
     if not log_dir_files:
         return offline
     for logdir, parts in by_dir.items():

@@ -222,9 +222,8 @@ class MaintenanceScheduler:
 
     # -- the jobs: each calls the rule the CLI and jobs/ call ------------------------------
 
-    # each returns (counts of what changed, a problem that makes the run not ok, or None)
-
-    # an offline log dir (KIP-112) makes a run not ok, with what it did on the others counted
+    # each returns (counts of what changed, a problem that makes the run not ok, or None); an
+    # offline log dir (KIP-112) is such a problem, with what the run did elsewhere counted
 
     def _retention(self) -> Tuple[Dict[str, int], Optional[str]]:
         try:
