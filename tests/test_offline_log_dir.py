@@ -16,27 +16,27 @@ second root "is not mounted" (moved away, an empty mount point left), as a fresh
 """
 from __future__ import annotations
 
-import hashlib
 import random
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from cli_support import run_cli
+from cli_support import digests as files, run_cli
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.coordinator import scheduler as sched
 from pyspark_kafkalog.coordinator.scheduler import MaintenanceScheduler
 from pyspark_kafkalog.errors import OfflineLogDirError
 from pyspark_kafkalog.format.records import Record
 
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
+sys.path.insert(0, str(JOBS))
+
+import retention as retention_job  # noqa: E402
+
 PARTITIONS = 4
 FUTURE_MS = int(time.time() * 1000) + 30 * 24 * 3600 * 1000   # past every retention.ms
-
-
-def files(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
@@ -173,21 +173,13 @@ def test_scheduled_runs_count_what_they_did_and_report_the_log_dir(cluster):
     assert all(r.ok for r in runs), runs
 
 
-def test_the_retention_job_prints_the_plans_and_the_error(cluster, capsys):
-    import importlib.util
+def test_the_retention_job_prints_the_plans_and_the_error(cluster, capsys, monkeypatch):
     tmp_path, leaders = cluster
-    path = Path(__file__).resolve().parents[1] / "jobs" / "retention.py"
-    import sys
-    sys.path.insert(0, str(path.parent))
-    try:
-        spec = importlib.util.spec_from_file_location("retention_job", path)
-        job = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(job)
-    finally:
-        sys.path.remove(str(path.parent))
-    job.spark_session = lambda name: None     # few partitions: the job runs them in-process
+    # few partitions: the job runs them in-process, no session needed
+    monkeypatch.setattr(retention_job, "spark_session", lambda name: None)
     with Unmounted(tmp_path):
-        assert job.main(["--cluster", str(tmp_path / "root"), "--now-ms", str(FUTURE_MS)]) == 1
+        assert retention_job.main(["--cluster", str(tmp_path / "root"),
+                                   "--now-ms", str(FUTURE_MS)]) == 1
     out, err = capsys.readouterr()
     assert len(out.splitlines()) == sum(d == "logdir-0" for d in leaders.values())
     assert "retention: error: KAFKA_STORAGE_ERROR: retention skipped" in err and "logdir-1" in err

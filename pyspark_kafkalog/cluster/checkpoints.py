@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
-from ..errors import KafkaStorageError, StorageNotFoundError
 from ..format import checkpoint as ckpt
 from ..log.logdir import (LOG_START_CHECKPOINT, RECOVERY_POINT_CHECKPOINT,
                           REPLICATION_CHECKPOINT, LogDir)
 from ..log.partition import LEADER_EPOCH_FILE
 from .isr import leader_of
+from .log_dirs import noting_offline
 from .partition_state import split_key
 
 
@@ -84,39 +84,23 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
     offline: Dict[str, str] = {}
     if skip_offline:
         for logdir, files in epochs.items():
-            _or_offline(offline, logdir, lambda: cluster.storage.replace_many(files))
+            with noting_offline(offline, logdir):
+                cluster.storage.replace_many(files)
     else:   # one barrier for them all
         cluster.storage.replace_many({k: v for files in epochs.values() for k, v in files.items()})
     if not log_dir_files:
         return offline
     for logdir, parts in by_dir.items():
-        if logdir not in offline:
-            _or_offline(offline if skip_offline else None, logdir,
-                        lambda: _write_log_dir_files(cluster, logdir, parts))
+        if logdir in offline:
+            continue
+        with noting_offline(offline if skip_offline else None, logdir):
+            ld = LogDir(cluster.storage, logdir)
+            hw = {tp: ps.high_watermark for tp, ps in parts.items()}
+            ld.merge_checkpoint(REPLICATION_CHECKPOINT, hw)
+            ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
+            ld.merge_checkpoint(LOG_START_CHECKPOINT,
+                                {tp: ps.log_start_offset for tp, ps in parts.items()})
     return offline
-
-
-def _write_log_dir_files(cluster, logdir: str, parts) -> None:
-    ld = LogDir(cluster.storage, logdir)
-    hw = {tp: ps.high_watermark for tp, ps in parts.items()}
-    ld.merge_checkpoint(REPLICATION_CHECKPOINT, hw)
-    ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
-    ld.merge_checkpoint(LOG_START_CHECKPOINT,
-                        {tp: ps.log_start_offset for tp, ps in parts.items()})
-
-
-def _or_offline(offline: Optional[Dict[str, str]], logdir: str, work) -> None:
-    """``work()``; with ``offline`` given, a log dir that cannot be reached is noted there
-    instead of raised (a missing file or directory is still raised: that is no offline disk)."""
-    if offline is None:
-        work()
-        return
-    try:
-        work()
-    except StorageNotFoundError:
-        raise
-    except KafkaStorageError as exc:
-        offline[logdir] = str(exc)
 
 
 def _past_recovery_point(cluster, logdir: str, topic: str, p: int, entries,

@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import random
 import re
-from typing import Dict, List, Mapping, Optional
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Mapping, Optional
 
 from ..errors import (InconsistentClusterIdError, InvalidConfigError, InvalidReplicationFactorError,
-                      InvalidRequestError, KafkaStorageError, LogDirNotEmptyError, error_for)
+                      InvalidRequestError, KafkaStorageError, LogDirNotEmptyError,
+                      StorageNotFoundError, error_for)
 from ..log.config import LogConfig
 from ..log.logdir import META_PROPERTIES, LogDir
 from ..storage import open_storage
@@ -118,6 +120,23 @@ def open_registered(name: str, info: dict, client_options: Mapping[str, object])
             f"the metadata log registered {info['directory_id']}; the URL does not hold that "
             "log dir now (not mounted, or replaced), so nothing is read or written there")
     return storage
+
+
+@contextmanager
+def noting_offline(offline: Optional[Dict[str, str]], log_dir: str) -> Iterator[None]:
+    """Work on one log dir in whose failure maintenance goes on with the others (KIP-112,
+    docs/protocol.md §6): a storage error there is noted in ``offline`` (the log dir's name ->
+    why) instead of raised. A missing file or directory is still raised (that is no offline
+    disk, and the callers have their own rules for it), and so is everything with ``offline``
+    None."""
+    try:
+        yield
+    except StorageNotFoundError:
+        raise
+    except KafkaStorageError as exc:
+        if offline is None:
+            raise
+        offline[log_dir] = str(exc)
 
 
 # -- replica placement (§1.2) ------------------------------------------------------------------

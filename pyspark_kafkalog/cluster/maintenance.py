@@ -22,6 +22,7 @@ from . import actions as A
 from .checkpoints import sync_checkpoints
 from .garbage import SEGMENT_SUFFIXES, is_deleted_topic_dir, is_garbage_segment
 from .isr import leader_of
+from .log_dirs import noting_offline
 from .state import ClusterState, split_key, tp_key
 
 TopicPartition = Tuple[str, int]
@@ -153,20 +154,20 @@ def _delete_step(cluster, state: ClusterState, items: List[TopicPartition],
     for topic, partition in items:
         if state.partition(topic, partition) is None:
             continue
-        deleted = set()
-        try:
+        deleted, offline = set(), {}
+        leader = leader_of(state.partition(topic, partition),
+                           state.topics[topic]["replicas"][partition])
+        with noting_offline(offline, leader):
             if planned:
                 d = cluster.partition_dir(topic, partition, state=state)
                 for base in planned.get((topic, partition), ()):
                     LogSegment(cluster.storage, d, base).delete()
                     deleted.add(base)
             deleted.update(delete_below_log_start(cluster, state, topic, partition))
-        except StorageNotFoundError:
-            raise
-        except KafkaStorageError as exc:
+        if offline:
             # the log start offset is raised already, so no reader selects these segments;
             # cleanup deletes them once the log dir is back (Kafka's rule, §7)
-            out.append(_unreachable(state, topic, partition, exc))
+            out.append(Unreachable(topic, partition, leader, offline[leader]))
             continue
         for follower in _followers(state, topic, partition):
             try:   # a follower's root may be away: cleanup deletes there later (§7)
@@ -449,26 +450,18 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
     listed: Dict[str, List[str]] = {}
     offline: Dict[str, str] = {}
     for logdir in cluster.logdirs:
-        try:
+        with noting_offline(offline, logdir):
             listed[logdir] = cluster.storage.list_dirs(logdir)
-        except StorageNotFoundError:
-            raise
-        except KafkaStorageError as exc:
-            offline[logdir] = str(exc)
     after = cluster.state()
     live_dirs = {}
     for topic, info in after.topics.items():
         for p, replicas in enumerate(info["replicas"]):
             for d in replicas:
                 live_dirs[f"{d}/{topic}-{p}"] = (topic, p)
-    for logdir in listed:
-        try:
+    for logdir in listed:   # one that goes away meanwhile: what it removed stays listed
+        with noting_offline(offline, logdir):
             _clean_log_dir(cluster, state, after, logdir, listed[logdir], live_dirs, removed,
                            temp_file_max_age_s)
-        except StorageNotFoundError:
-            raise
-        except KafkaStorageError as exc:   # went away meanwhile: what it removed stays listed
-            offline[logdir] = str(exc)
     reachable = [tp for tp in cluster.partitions(state)
                  if leader_of(state.partition(*tp), state.topics[tp[0]]["replicas"][tp[1]])
                  not in offline]

@@ -32,7 +32,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 from ..cluster.checkpoints import sync_checkpoints
 from ..cluster.config import read_properties_file
 from ..cluster.groups import consumed_offsets, validate_group_id
-from ..cluster.maintenance import FanOut, collect_garbage, delete_records, retention, serial
+from ..cluster.maintenance import (FanOut, collect_garbage, delete_records, offline_error,
+                                   retention, serial)
 from ..errors import FencedCoordinatorError, InvalidConfigError, KafkaLogError, OfflineLogDirError
 from ..format.checkpoint import validate_topic_name
 
@@ -246,9 +247,10 @@ class MaintenanceScheduler:
         tps = self.cluster.partitions(state)
         offline = sync_checkpoints(self.cluster, state, tps, log_dir_files=True,
                                    skip_offline=True)
-        problem = None if not offline else "KAFKA_STORAGE_ERROR: skipped offline log dir(s): " \
-            + "; ".join(f"{name} ({why})" for name, why in sorted(offline.items()))
-        return {"partitions": len(tps)}, problem
+        if not offline:
+            return {"partitions": len(tps)}, None
+        exc = offline_error("checkpoints", offline, [], None)
+        return {"partitions": len(tps)}, f"{exc.error_name}: {exc}"
 
     def _delete_after_consumption(self) -> Tuple[Dict[str, int], Optional[str]]:
         offsets, ids = {}, {}
