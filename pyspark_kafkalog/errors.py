@@ -84,6 +84,13 @@ class OffsetOutOfRangeError(KafkaLogError, ValueError):
     error_name = "OFFSET_OUT_OF_RANGE"
 
 
+class MissingCommittedDataError(OffsetOutOfRangeError):
+    """The metadata says an offset holds committed data, and no segment file holds it: deleted
+    since the metadata was read (retention, delete-records), or lost (a machine crash before an
+    unflushed write reached the device, docs/protocol.md §3; a deleted file). Still Kafka's
+    OFFSET_OUT_OF_RANGE, as a broker answers a fetch past what its log holds."""
+
+
 class UnknownTopicOrPartitionError(KafkaLogError, LookupError):
     error_code = 3
     error_name = "UNKNOWN_TOPIC_OR_PARTITION"

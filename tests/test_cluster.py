@@ -549,17 +549,20 @@ def test_missing_data_is_reported_as_what_happened_not_as_a_moved_log_start(admi
     d = tmp_path / "c" / "logdir-0" / "t-0"
     (d / "00000000000000000003.log").unlink()     # by hand: the log start offset stays 0
     assert admin.describe_topic("t").partitions[0].log_start_offset == 0
+    fix = (f". If it was lost, `kafkalog --cluster {admin.cluster.storage.url} repair --topic t "
+           "--partition 0` makes the lost offsets a gap that readers step over (add --dry-run to "
+           "see them)")
     with pytest.raises(OffsetOutOfRangeError) as info:
         list(admin.consume("t"))
     assert str(info.value) == (
         "t-0: the metadata says offset 3 holds committed data, but it is in a gap between "
         "segment files (00000000000000000000.log ends at offset 2, the next one starts at offset "
-        "6): it was deleted after the metadata was read, or lost")
+        "6): it was deleted after the metadata was read, or lost" + fix)
     (d / "00000000000000000000.log").unlink()
     with pytest.raises(OffsetOutOfRangeError) as info:
         list(admin.consume("t"))
     assert str(info.value) == (
         "t-0: the metadata says offset 0 holds committed data, but no segment file holds it (the "
         "first committed one starts at offset 6): it was deleted after the metadata was read, or "
-        "lost")
+        "lost" + fix)
     assert "log start offset" not in str(info.value)

@@ -284,6 +284,43 @@ def test_magic_1_loses_a_gap_but_refuses_a_loss_at_a_segment_end(tmp_path):
     assert [r.offset for r in admin.consume("t", 0)] == [o for o in range(48) if o != 15]
 
 
+@pytest.mark.parametrize("magic", [2, 1])
+def test_committed_offsets_no_file_holds_get_a_segment_of_one_empty_batch(tmp_path, magic):
+    """A machine crash can take a whole unflushed write's files (docs/protocol.md §3,
+    "Durability"): the first segment (its indexes left behind) and a later one, here. Reads
+    fail naming the offset and the repair; the repair creates a segment of one empty batch for
+    each run (indexes replaced first, a dry run changes nothing), and readers step over it. Magic
+    0/1 has no empty batch: refused, nothing changed."""
+    root = tmp_path / "kl"
+    admin = make_cluster(root, magic=magic)
+    segs = segments(root)
+    segs[0].unlink()                                   # its .index and .timeindex stay
+    for suffix in (".log", ".index", ".timeindex"):
+        segs[2].with_suffix(suffix).unlink()
+    with pytest.raises(OffsetOutOfRangeError, match=r"offset 0 .*repair --topic t --partition 0"):
+        list(admin.consume("t", 0))
+    before = tree(root)
+    if magic < 2:
+        rc, out, err = run_cli("--cluster", root, "repair", "--topic", "t")
+        assert rc == 1 and "UnsupportedVersionError" in err and "nothing was changed" in err, err
+        assert tree(root) == before
+        return
+    rc, out, err = run_cli("--cluster", root, "repair", "--topic", "t", "--dry-run")
+    assert rc == 0, err
+    assert tree(root) == before
+    (report, other) = admin.repair_partition("t")
+    # one writer's commits make one committed range: the segment before the second loss grows
+    assert [(s.action, s.base_offset) for s in report.changed] == [("create", 0), ("replace", 12)]
+    assert [(r.first_offset, r.last_offset) for r in report.lost] == [(0, 11), (24, 35)]
+    assert not other.changed
+    kept = [o for o in range(48) if not (o < 12 or 24 <= o < 36)]
+    assert [r.offset for r in admin.consume("t", 0)] == kept
+    assert [o for o, _ in spark_less_read(root)] == kept
+    assert [h.record_count for h in batches(segs[0])] == [0]
+    (again, _) = admin.repair_partition("t")
+    assert not again.changed                            # the indexes it wrote agree
+
+
 def test_repair_command_line_errors(tmp_path):
     root = tmp_path / "kl"
     make_cluster(root)

@@ -28,8 +28,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from ..errors import (CorruptRecordError, StorageNotFoundError, UnknownTopicOrPartitionError,
-                      UnsupportedVersionError)
+from ..errors import (AlreadyExistsError, CorruptRecordError, MissingCommittedDataError,
+                      StorageNotFoundError, UnknownTopicOrPartitionError, UnsupportedVersionError)
 from ..format import index as idx
 from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, LENGTH_OFFSET, LOG_OVERHEAD,
                             RECORD_OVERHEAD_V0, V2_HEADER_SIZE, BatchHeader, EntryScan, validate)
@@ -60,8 +60,9 @@ class LostRange:
 
 @dataclass
 class SegmentRepair:
-    """One segment: ``action`` is ``none`` (intact), ``indexes`` (only its indexes rebuilt) or
-    ``replace`` (a new ``.log`` without the damaged batches, and new indexes)."""
+    """One segment: ``action`` is ``none`` (intact), ``indexes`` (only its indexes rebuilt),
+    ``replace`` (a new ``.log`` without the damaged batches, and new indexes) or ``create`` (no
+    file held these committed offsets: a new segment of one empty batch spanning them)."""
 
     path: str                  # the .log, relative to the cluster root
     base_offset: int
@@ -145,6 +146,11 @@ def names_damaged_segments(fetch):
                 yield item
         except CorruptRecordError as exc:
             raise _read_error(view, exc, offset) from None
+        except MissingCommittedDataError as exc:
+            fix = repair_command(view.log.storage.url, view.topic, view.partition)
+            raise MissingCommittedDataError(
+                f"{exc}. If it was lost, `{fix}` makes the lost offsets a gap that readers step "
+                "over (add --dry-run to see them)") from None
     return fetch_naming
 
 
@@ -387,7 +393,37 @@ def _plan_partition(cluster, state, topic: str, partition: int, dry_run: bool):
         result.segments.append(rep)
         if rep.action != "none":
             work.append((seg, rep, plan, offset_index, time_index))
+    for first, last in _holes(ps, segments):
+        seg = LogSegment(cluster.storage, view.log.dir, first, config)
+        plan = _materialize(seg, [("lost", first, last)],
+                            f"no segment file holds offsets {first}..{last}, which are committed",
+                            config.index_interval_bytes, config.magic, epoch_at)
+        rep = SegmentRepair(seg.log_path, first, 0, sum(len(p[1]) for p in plan.pieces),
+                            action="create", error=plan.error, lost=plan.lost)
+        result.segments.append(rep)
+        work.append((seg, rep, plan,
+                     idx.encode_offset_index(plan.builder.offset_entries, first),
+                     idx.encode_time_index(plan.builder.final_time_entries(), first)))
+    result.segments.sort(key=lambda r: r.base_offset)
     return result, work
+
+
+def _holes(ps, segments) -> List[Tuple[int, int]]:
+    """Runs of committed offsets (inclusive) that no visible segment holds: a write's first
+    segments lost in a machine crash before it was flushed (docs/protocol.md §3, "Durability"),
+    or deleted by hand. Each committed range's segments are named from offsets inside it, so
+    what lies before the first of them, from the range's start or the log start offset, is
+    held by none."""
+    bases = sorted(s.base_offset for s in segments)
+    holes = []
+    for start, stop, _ in ps.committed:
+        lo, hi = max(start, ps.log_start_offset), min(stop, ps.high_watermark)
+        if lo >= hi:
+            continue
+        first = next((b for b in bases if start <= b < stop), hi)
+        if first > lo:
+            holes.append((lo, min(first, hi) - 1))
+    return holes
 
 
 def _apply(work) -> None:
@@ -395,6 +431,16 @@ def _apply(work) -> None:
     segment whose size changed since it was scanned (another repair ran) is left alone;
     running the repair again finishes the job."""
     for seg, rep, plan, offset_index, time_index in work:
+        if rep.action == "create":
+            # indexes first, as any writer (§3); stale ones a lost .log left are replaced
+            seg.storage.replace(seg.path(TIMEINDEX_SUFFIX), time_index)
+            seg.storage.replace(seg.path(INDEX_SUFFIX), offset_index)
+            try:
+                seg.storage.create_if_absent(seg.log_path, b"".join(p[1] for p in plan.pieces))
+            except AlreadyExistsError:
+                rep.action, rep.error = "none", "created while being repaired; run again"
+            seg.invalidate()
+            continue
         if rep.action == "replace":
             try:
                 if seg.size(refresh=True) != rep.size:

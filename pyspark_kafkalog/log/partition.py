@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidTopicError, KafkaLogError,
-                      KafkaStorageError, OffsetOutOfRangeError, RecordTooLargeError,
-                      StorageNotFoundError)
+                      KafkaStorageError, MissingCommittedDataError, OffsetOutOfRangeError,
+                      RecordTooLargeError, StorageNotFoundError)
 from ..format import checkpoint as ckpt
 from ..format.batch import iter_headers
 from ..format.columnar import Columns, decode_columns
@@ -224,7 +224,7 @@ class PartitionLog:
         expected = self.next_visible(offset)
         if expected is not None and expected < found:
             raise_if_log_dir_away(self.storage, self.dir, f"{self.topic}-{self.partition}")
-            raise OffsetOutOfRangeError(
+            raise MissingCommittedDataError(
                 f"{self.topic}-{self.partition}: the metadata says offset {expected} holds "
                 f"committed data, but {self._why_missing(expected)}")
 
