@@ -227,6 +227,10 @@ def _kafka_recovered_epochs(part_dir, recovery_point):
     return cache
 
 
+#: a topic whose every write is flushed, so that each commit moves the recovery point (§3, §8)
+FLUSHED = {"flush.messages": "1"}
+
+
 def test_above_the_inline_limit_a_commit_leaves_epochs_with_the_recovery_point(tmp_path,
                                                                                  monkeypatch):
     """Past INLINE_CHECKPOINT_MAX_PARTITIONS a commit rewrites no derived file (docs/protocol.md
@@ -234,7 +238,7 @@ def test_above_the_inline_limit_a_commit_leaves_epochs_with_the_recovery_point(t
     load rebuilds them from the batches; maintenance then writes both."""
     from pyspark_kafkalog.cluster import checkpoints
     url = str(tmp_path / "c")
-    Admin(url).create_topic("t", 3)
+    Admin(url).create_topic("t", 3, configs=FLUSHED)
     Admin(url).produce("t", _recs(4), partition=0)           # small cluster: written inline
     d = tmp_path / "c" / "logdir-0"
     read_rp = lambda: ckpt.parse_offset_checkpoint(
@@ -265,7 +269,7 @@ def test_a_commit_over_many_partitions_leaves_epochs_with_the_recovery_point(tmp
     stays behind together with its recovery point, where Kafka's load rebuilds it."""
     from pyspark_kafkalog.cluster import checkpoints
     url = str(tmp_path / "c")
-    Admin(url).create_topic("t", 3)
+    Admin(url).create_topic("t", 3, configs=FLUSHED)
     Admin(url).produce("t", _recs(4), partition=0)           # one partition: written inline
     d = tmp_path / "c" / "logdir-0"
     read = lambda name: ckpt.parse_offset_checkpoint((d / name).read_text())
@@ -303,7 +307,7 @@ def test_back_under_the_inline_limit_a_commit_catches_up_the_epochs_it_passes(tm
     begins no epoch of its own: the recovery point never passes an epoch the file lacks."""
     from pyspark_kafkalog.cluster import checkpoints
     url = str(tmp_path / "c")
-    Admin(url).create_topic("t", 1)
+    Admin(url).create_topic("t", 1, configs=FLUSHED)
     Admin(url).produce("t", _recs(4), partition=0)            # epoch 0, written inline
     monkeypatch.setattr(checkpoints, "INLINE_CHECKPOINT_MAX_PARTITIONS", 0)
     writer = Admin(url)
@@ -319,16 +323,30 @@ def test_back_under_the_inline_limit_a_commit_catches_up_the_epochs_it_passes(tm
     assert _kafka_recovered_epochs(d / "t-0", 9) == [(0, 0), (1, 4)]
 
 
-def test_kafka_checkpoints_follow_the_metadata(admin, tmp_path):
-    admin.create_topic("t", 2)
+@pytest.mark.parametrize("configs", [FLUSHED, {}])
+def test_kafka_checkpoints_follow_the_metadata(admin, tmp_path, monkeypatch, configs):
+    """The recovery point says what is on the device: a commit moves it when its write was
+    flushed (protocol §3, "Durability"); else the first maintenance that flushes the log dir
+    (here delete-records, for the partition it touches; then cleanup, for all)."""
+    from pyspark_kafkalog.storage.local import LocalStorage
+    flushes = []
+    real = LocalStorage.flush
+    monkeypatch.setattr(LocalStorage, "flush",
+                        lambda self, d="": (flushes.append(d), real(self, d))[1])
+    admin.create_topic("t", 2, configs=configs)
     admin.produce("t", _recs(5), partition=0)
     admin.produce("t", _recs(3), partition=1)
+    assert flushes == []
     admin.delete_records_before({TP("t", 0): 2})
+    assert flushes == ["logdir-0"]
     root = tmp_path / "c" / "logdir-0"
     read = lambda name: ckpt.parse_offset_checkpoint((root / name).read_text())
     assert read("replication-offset-checkpoint") == {("t", 0): 5, ("t", 1): 3}
-    assert read("recovery-point-offset-checkpoint") == {("t", 0): 5, ("t", 1): 3}
+    assert read("recovery-point-offset-checkpoint") == (
+        {("t", 0): 5, ("t", 1): 3} if configs else {("t", 0): 5})
     assert read("log-start-offset-checkpoint") == {("t", 0): 2, ("t", 1): 0}
+    admin.cleanup()
+    assert read("recovery-point-offset-checkpoint") == {("t", 0): 5, ("t", 1): 3}
     meta = ckpt.parse_meta_properties((root / "meta.properties").read_text("latin-1"))
     assert meta["version"] == "1" and meta["cluster.id"] == admin.cluster.cluster_id
 

@@ -26,7 +26,7 @@ from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.coordinator import scheduler as sched, start
 from pyspark_kafkalog.coordinator.config import coordinator_options, load_coordinator_config
 from pyspark_kafkalog.coordinator.rpc import CoordinatorClient
-from pyspark_kafkalog.coordinator.scheduler import (CHECKPOINTS, CLEANUP, RETENTION,
+from pyspark_kafkalog.coordinator.scheduler import (CHECKPOINTS, CLEANUP, FLUSH, RETENTION,
                                                     MaintenanceScheduler, SchedulerConfig)
 from pyspark_kafkalog.coordinator.service import Coordinator
 from pyspark_kafkalog.errors import FencedCoordinatorError, InvalidConfigError
@@ -87,7 +87,8 @@ def test_a_coordinator_deletes_an_expired_segment_by_itself_and_counts_the_run(u
         assert runs_of(m, CLEANUP) == runs_of(m, CHECKPOINTS) == 0    # minutes away
         with CoordinatorClient(handle.address, TOKEN) as client:
             status = client.status()
-        assert status["maintenance"] == {RETENTION: 200, CLEANUP: 300_000, CHECKPOINTS: 60_000}
+        assert status["maintenance"] == {RETENTION: 200, CLEANUP: 300_000, CHECKPOINTS: 60_000,
+                                         FLUSH: 1000}
         assert status["metrics"]["maintenance_runs"][RETENTION] >= 1
         assert [r.offset for r in Admin(url).consume("t")] == [3, 4]
     finally:

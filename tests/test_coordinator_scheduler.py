@@ -10,7 +10,7 @@ import pytest
 
 from pyspark_kafkalog.admin import Admin, TopicPartition as TP
 from pyspark_kafkalog.coordinator import scheduler as sched
-from pyspark_kafkalog.coordinator.scheduler import (CHECKPOINTS, CLEANUP,
+from pyspark_kafkalog.coordinator.scheduler import (CHECKPOINTS, CLEANUP, FLUSH,
                                                     DELETE_AFTER_CONSUMPTION, RETENTION,
                                                     MaintenanceScheduler, SchedulerConfig,
                                                     load_scheduler_config)
@@ -52,7 +52,8 @@ def test_nothing_runs_before_its_interval_and_then_once_per_interval(admin):
     for i in range(3):
         admin.produce("t", [Record(b"k", b"v" * 40, 10_000 * (i + 1))])   # long expired
     s = MaintenanceScheduler(admin.cluster, {}, clock=Clock())
-    assert s.next_due() == {RETENTION: T0 + 300, CLEANUP: T0 + 300, CHECKPOINTS: T0 + 60}
+    assert s.next_due() == {RETENTION: T0 + 300, CLEANUP: T0 + 300, CHECKPOINTS: T0 + 60,
+                            FLUSH: T0 + 1}
     assert s.tick(T0) == [] and s.tick(T0 + 59.999) == []
     assert _lso(admin, "t") == 0                       # expired, but retention is not due
     assert _kinds(s.tick(T0 + 60)) == [CHECKPOINTS]
@@ -100,7 +101,7 @@ def test_retention_deletes_expired_segments_at_its_tick(admin, tmp_path):
 
 
 def test_checkpoint_rewrite_restores_deleted_and_stale_files(admin, tmp_path):
-    admin.create_topic("t", 2)
+    admin.create_topic("t", 2, configs={"flush.messages": "1"})   # commits move recovery points
     admin.produce("t", _recs(5), partition=0)
     admin.produce("t", _recs(3), partition=1)
     Admin(admin.cluster.url).produce("t", _recs(2), partition=0)     # epoch 1 begins at 5
@@ -280,3 +281,60 @@ def test_the_example_config_in_conf_is_valid(admin, tmp_path):
     assert MaintenanceScheduler(admin.cluster, cfg, clock=Clock()).tick(T0) == []
     with pytest.raises(InvalidConfigError, match="cannot read maintenance config"):
         load_scheduler_config(str(CONF / "missing.properties"))
+
+
+# -- flush.ms (protocol §3, "Durability") ------------------------------------------------------
+
+def test_the_flush_check_flushes_log_dirs_of_topics_with_flush_ms_once_it_has_passed(
+        admin, tmp_path, monkeypatch):
+    """Kafka's log flusher: every log.flush.scheduler.interval.ms, each log dir holding a
+    topic whose flush.ms has passed since this process last flushed it is flushed (one
+    ``Storage.flush``); a check that flushes nothing is not reported."""
+    from pyspark_kafkalog.storage.local import LocalStorage
+    flushes = []
+    monkeypatch.setattr(LocalStorage, "flush",
+                        lambda self, d="": flushes.append(self._abs(d, allow_root=True)))
+    second = tmp_path / "second"
+    second.mkdir()
+    admin.add_log_dir(str(second))
+    admin.create_topic("plain", 2)                                    # Kafka's defaults
+    clock = Clock()
+    s = MaintenanceScheduler(admin.cluster, {"log.flush.scheduler.interval.ms": "500"},
+                             clock=clock)
+
+    def tick(t):
+        clock.t = t
+        return s.tick()
+    assert tick(T0 + 0.5) == [] and flushes == []                     # no topic asks
+    admin.create_topic("timed", 2, configs={"flush.ms": "2000"})       # one replica per dir
+    admin.create_topic("each", 1, configs={"flush.ms": "0"})           # flushes every write
+    [run] = tick(T0 + 1)
+    assert (run.kind, run.ok, run.changed) == (FLUSH, True, {"log_dirs": 2})
+    assert sorted(flushes) == sorted([str(tmp_path / "c" / "logdir-0"), str(second)])
+    assert tick(T0 + 1.5) == [] and tick(T0 + 2.5) == [] and len(flushes) == 2
+    [run] = tick(T0 + 3)                                              # 2,000 ms later
+    assert run.changed == {"log_dirs": 2} and len(flushes) == 4
+    admin.alter_configs("timed", delete=["flush.ms"])
+    assert tick(T0 + 10) == [] and len(flushes) == 4
+
+
+def test_a_flush_past_an_offline_log_dir_flushes_the_others(admin, tmp_path, monkeypatch):
+    from pyspark_kafkalog.errors import KafkaStorageError
+    from pyspark_kafkalog.storage.local import LocalStorage
+    flushes = []
+
+    def flush(self, d=""):
+        if str(second) in self.root:
+            raise KafkaStorageError("flush: Input/output error")
+        flushes.append(d)
+    second = tmp_path / "second"
+    second.mkdir()
+    admin.add_log_dir(str(second))
+    admin.create_topic("timed", 2, configs={"flush.ms": "100"})
+    monkeypatch.setattr(LocalStorage, "flush", flush)
+    clock = Clock()
+    s = MaintenanceScheduler(admin.cluster, {"log.flush.scheduler.interval.ms": "100"},
+                             clock=clock)
+    [run] = s.tick(T0 + 1)
+    assert not run.ok and run.changed == {"log_dirs": 1} and flushes == ["logdir-0"]
+    assert "logdir-1" in run.error and "Input/output error" in run.error

@@ -154,3 +154,52 @@ def test_spark_reader_and_writer_refuse_a_future_cluster(cluster, ks):
     with pytest.raises(Exception, match="UnsupportedVersion|not one this client knows"):
         df.write.format("kafkalog").mode("append").option("topic", "t").save(str(cluster))
     assert listing(cluster) == before
+
+
+# -- flushConfigs: the topic configs flush.messages and flush.ms (§3, "Durability") ------------
+
+def _entries(root: Path):
+    return [json.loads(p.read_text()) for p in
+            sorted((root / "_kafkalog" / "log").glob("*[0-9].json"))]
+
+
+@pytest.mark.parametrize("how", ["create", "alter"])
+def test_the_first_flush_config_enables_its_feature_in_an_entry_of_its_own(cluster, monkeypatch,
+                                                                          how):
+    """Before the entry that first stores flush.messages or flush.ms, the writer enables
+    flushConfigs on its own; from then on a client without it refuses to read (a real one,
+    here: this process with the feature taken out), and bad input enables nothing."""
+    a = Admin(str(cluster), create=False)
+    before = listing(cluster)
+    with pytest.raises(Exception, match="flush.messages"):
+        a.create_topic("bad", 1, configs={"flush.messages": "0"})
+    with pytest.raises(Exception, match="flush.ms"):
+        a.alter_configs("t", {"flush.ms": "soon"})
+    assert listing(cluster) == before and not a.features()["flushConfigs"]["enabled"]
+    if how == "create":
+        a.create_topic("f", 1, configs={"flush.messages": "10"})
+    else:
+        a.alter_configs("t", {"flush.ms": "1000"})
+    *_, enable, action = _entries(cluster)
+    assert enable["actions"] == [{"op": "protocol", "reader_features": ["flushConfigs"]}]
+    assert action["actions"][0]["op"] == ("create_topic" if how == "create" else "alter_configs")
+    assert a.features()["flushConfigs"]["enabled"]
+    n = len(_entries(cluster))
+    a.alter_configs("t", {"flush.messages": "5"})              # enabled once only
+    assert len(_entries(cluster)) == n + 1
+    monkeypatch.delitem(features.READER_FEATURES, "flushConfigs")
+    rc, _, err = kafkalog("--cluster", cluster, "consume", "--topic", "t")
+    assert_refused(rc, err, ["consume"])
+    assert "flushConfigs" in err
+
+
+def test_a_flush_config_without_its_feature_is_rejected_on_replay(cluster):
+    """An entry that stores a flush config before the feature is on (a writer that broke the
+    rule) is rejected like any invalid action: the topic is not created, the configs stay."""
+    for action in ({"op": "create_topic", "topic": "f", "topic_id": "AAAAAAAAAAAAAAAAAAAAAA",
+                    "partitions": 1, "replicas": [["logdir-0"]],
+                    "configs": {"flush.messages": "1"}},
+                   {"op": "alter_configs", "topic": "t", "set": {"flush.ms": "0"}}):
+        add_entry(cluster, {"version": 1, "writer": "w", "timestamp": 1, "actions": [action]})
+    a = Admin(str(cluster), create=False)
+    assert a.list_topics() == ["t"] and a.describe_topic("t").configs == {}

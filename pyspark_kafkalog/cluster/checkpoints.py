@@ -35,7 +35,7 @@ Spans = Sequence[Sequence[int]]
 def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
                      log_dir_files: Optional[bool] = None,
                      written: Optional[Mapping[Tuple[str, int], Spans]] = None,
-                     skip_offline: bool = False) -> Dict[str, str]:
+                     flushed: bool = True, skip_offline: bool = False) -> Dict[str, str]:
     """Rewrite the checkpoint files of ``tps``. ``log_dir_files``: also the log-dir-wide
     files; by default only while the cluster is small enough for that to cost little.
 
@@ -56,7 +56,12 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
     and assigns the epochs it finds in their batches (LogLoader, ``LogSegment.recover``); an
     epoch that begins past the recovery point is rebuilt. Maintenance writes the epochs before
     the recovery point, so it never passes them. Rewriting them per commit was still most of a
-    1,000-partition job's commit (0.3-0.5 s)."""
+    1,000-partition job's commit (0.3-0.5 s).
+
+    The ``recovery-point-offset-checkpoint`` says what is on the device (Kafka recovers only
+    from it on): a commit moves it only when its writes were flushed (``flushed``, §3
+    "Durability"); any other caller flushes each log dir first (``Storage.flush``), so the
+    high watermark it writes there is durable. Kafka moves its recovery point by flushing too."""
     if log_dir_files is None:
         total = sum(info["partitions"] for info in state.topics.values())
         log_dir_files = total <= INLINE_CHECKPOINT_MAX_PARTITIONS
@@ -75,9 +80,11 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
         for logdir in [leader_of(ps, state.topics[topic]["replicas"][p])]:
             by_dir[logdir][(topic, p)] = ps
             entries = ps.leader_epoch_entries()
+            # a commit that does not move the recovery point need not catch up with it
             if written is not None and not (_epoch_begins_in(entries, written.get((topic, p)))
-                                            or _past_recovery_point(cluster, logdir, topic, p,
-                                                                    entries, recovery_points)):
+                                            or flushed and _past_recovery_point(
+                                                cluster, logdir, topic, p, entries,
+                                                recovery_points)):
                 continue
             path = f"{cluster.partition_dir(topic, p, logdir)}/{LEADER_EPOCH_FILE}"
             epochs[logdir][path] = ckpt.format_leader_epoch_checkpoint(entries).encode()
@@ -97,7 +104,10 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
             ld = LogDir(cluster.storage, logdir)
             hw = {tp: ps.high_watermark for tp, ps in parts.items()}
             ld.merge_checkpoint(REPLICATION_CHECKPOINT, hw)
-            ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
+            if written is None:
+                cluster.storage.flush(logdir)
+            if written is None or flushed:
+                ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
             ld.merge_checkpoint(LOG_START_CHECKPOINT,
                                 {tp: ps.log_start_offset for tp, ps in parts.items()})
     return offline

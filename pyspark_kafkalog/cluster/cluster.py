@@ -19,7 +19,7 @@ from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidConfigError
                       StorageNotFoundError, UnknownTopicOrPartitionError,
                       UnsupportedVersionError, error_for)
 from ..format.checkpoint import new_topic_id, validate_topic_name
-from ..log.config import LogConfig
+from ..log.config import FLUSH_CONFIGS, LogConfig
 from ..log.logdir import LogDir
 from ..log.partition import PartitionLog
 from ..log.segment import ReadStats
@@ -27,7 +27,7 @@ from ..storage import open_storage
 from ..storage.mounts import MountedStorage
 from . import actions as A
 from . import log_dirs as L
-from .features import check_writable, known as known_features
+from .features import FLUSH_CONFIGS as FLUSH_FEATURE, check_writable, known as known_features
 from .garbage import is_deleted_topic_dir
 from .isr import effective_min_isr, leader_of, replica_end
 from .metalog import META_DIR, MetadataLog, entry_name
@@ -270,11 +270,20 @@ class Cluster:
         L.check_min_insync_replicas(configs, replication_factor)
         topic_id = new_topic_id()
         self._remove_leftovers(topic, partitions)
+        self._enable_flush_configs(configs, state)
         self.submit_one(A.CreateTopic(topic=topic, topic_id=topic_id, partitions=partitions,
                                       replicas=replicas, configs=configs))
         self._write_partition_metadata(topic_id, [self.partition_dir(topic, p, replicas[p][0])
                                                   for p in range(partitions)])
         return self.describe_topic(topic)
+
+    def _enable_flush_configs(self, configs: Dict[str, str],
+                              state: Optional[ClusterState] = None) -> None:
+        """The first topic config flush.messages or flush.ms turns its feature on, in an entry
+        of its own before the one that sets it (docs/protocol.md §2.3)."""
+        if any(k in FLUSH_CONFIGS for k in configs) \
+                and FLUSH_FEATURE not in (state or self.state()).reader_features:
+            self.submit_one(A.EnableFeatures(reader_features=[FLUSH_FEATURE]))
 
     def _write_partition_metadata(self, topic_id: str, dirs: List[str]) -> None:
         """One ``partition.metadata`` per partition, many at a time: each is an atomic replace
@@ -322,6 +331,8 @@ class Cluster:
         info = self.state().topics.get(topic)
         if info is not None and info["replicas"]:
             L.check_min_insync_replicas(set_configs, len(info["replicas"][0]))
+        LogConfig.from_properties(set_configs)   # bad input changes nothing, not even features
+        self._enable_flush_configs(set_configs)
         self.submit_one(A.AlterConfigs(topic=topic, set=set_configs, delete=list(delete or [])))
         return self.describe_topic(topic)
 

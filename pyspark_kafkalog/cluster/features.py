@@ -26,6 +26,8 @@ LOG_DIR_REGISTRY = "logDirRegistry"
 REPLICATION = "replication"
 #: byte-rate quotas per client id (§12)
 CLIENT_QUOTAS = "clientQuotas"
+#: the topic configs flush.messages and flush.ms (§3, "Durability")
+FLUSH_CONFIGS = "flushConfigs"
 
 #: name -> what it means; the features this client implements
 READER_FEATURES: Dict[str, str] = {
@@ -39,6 +41,8 @@ READER_FEATURES: Dict[str, str] = {
                  "high watermark that waits for the ISR (visible = held by every ISR member)",
     CLIENT_QUOTAS: "client_quota actions: produce and fetch byte rates per client id (KIP-13), "
                    "enforced by the coordinator",
+    FLUSH_CONFIGS: "the topic configs flush.messages and flush.ms: which writes are made durable "
+                   "before their commit, and the coordinator's scheduled flush",
 }
 WRITER_FEATURES: Dict[str, str] = {}
 

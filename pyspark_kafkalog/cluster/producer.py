@@ -73,6 +73,28 @@ def check_sizes(state, batches: Mapping[TopicPartition, Sequence[EncodedBatch]])
             check_batch_size(b, limit, f"{topic}-{p}")
 
 
+def flushed(state, counts: Mapping[TopicPartition, int], configs: Optional[dict] = None) -> bool:
+    """Whether a write of ``counts`` records per partition is flushed before its commit: one
+    partition whose topic's ``flush.messages``/``flush.ms`` ask for it is enough, since a write's
+    files are synced together (docs/protocol.md §3, "Durability"). ``configs``: a cache of
+    parsed topic configs, by topic."""
+    configs = {} if configs is None else configs
+    for (topic, _), n in counts.items():
+        if topic not in configs:
+            configs[topic] = state.topic_config(topic)
+        if configs[topic].flushes(n):
+            return True
+    return False
+
+
+def all_flushed(state, pending: Iterable["PendingWrite"]) -> bool:
+    """Whether every write of ``pending`` was flushed by its writer before it was handed over:
+    only then may their commit move the recovery point (§8)."""
+    configs: dict = {}
+    return all(flushed(state, {split_key(k): r[1] - r[0] for k, r in p.ranges.items()}, configs)
+               for p in pending)
+
+
 def span(batches: Sequence[EncodedBatch]) -> int:
     """Offsets a run of batches occupies once they follow each other."""
     return sum(b.last_offset - b.base_offset + 1 for b in batches)
@@ -174,8 +196,12 @@ class Producer:
                                     spools.get(tp)))
             # each job records its segments in pending as it ends, so that an abort after
             # another partition's failure deletes them too. With many partitions their files
-            # are made durable together, once all are written (storage.local.SyncBatch)
-            batch = cluster.storage.sync_batch() if len(jobs) > 1 else None
+            # are made durable together, once all are written (storage.local.SyncBatch); a
+            # write no topic config asks to flush leaves them to the kernel (protocol §3,
+            # "Durability")
+            durable = flushed(state, {tp: span(bs) for tp, bs in batches.items()}, configs)
+            batch = (cluster.storage.sync_batch(durable) if len(jobs) > 1 or not durable
+                     else None)
             if batch is not None:
                 jobs = [batch.wrap(job) for job in jobs]
             size = sum(len(b.data) for bs in batches.values() for b in bs)
@@ -222,7 +248,8 @@ class Producer:
             self._try_abort(pending)
             raise error_for(result.error, result.message)
         written = written_ranges(pending)
-        sync_checkpoints(cluster, state, sorted(written), written=written)
+        sync_checkpoints(cluster, state, sorted(written), written=written,
+                         flushed=all_flushed(state, pending))
 
     def abort(self, pending: Iterable[PendingWrite]) -> None:
         pending = list(pending)

@@ -46,7 +46,7 @@ from .acks import submit_commit, wait_for_replicas
 from .checkpoints import sync_checkpoints, written_ranges
 from .cluster import CLUSTER_FILE, Cluster
 from .features import STREAMING_SINK
-from .producer import PendingWrite, Producer
+from .producer import PendingWrite, Producer, all_flushed
 from .state import split_key
 
 log = logging.getLogger(__name__)
@@ -298,7 +298,8 @@ def _decide_commit(cluster: Cluster, pending: List[PendingWrite], producer: str,
         _delete_ranges(cluster, new_state, stale_gone)
         _sweep_late(cluster, producer, txns + sorted(stale))
         written = written_ranges(pending)
-        sync_checkpoints(cluster, new_state, sorted(written), written=written)
+        sync_checkpoints(cluster, new_state, sorted(written), written=written,
+                         flushed=all_flushed(new_state, pending))
     except Exception:   # derived files and garbage: maintenance redoes both
         pass
     return True

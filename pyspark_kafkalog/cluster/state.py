@@ -18,13 +18,13 @@ from typing import Dict, List, Optional, Set
 from ..errors import (CorruptRecordError, InvalidConfigError, InvalidTopicError,
                       UnsupportedVersionError)
 from ..format.checkpoint import colliding_topics, validate_topic_name
-from ..log.config import LogConfig
+from ..log.config import FLUSH_CONFIGS as FLUSH_KEYS, LogConfig
 from . import actions as A
 from . import isr as R
 from .replication_replay import ReplicationReplay
 from . import quotas as Q
-from .features import (CLIENT_QUOTAS, COORDINATOR_LEASE, LOG_DIR_REGISTRY, REPLICATION,
-                       STREAMING_SINK, check_readable, unknown_features)
+from .features import (CLIENT_QUOTAS, COORDINATOR_LEASE, FLUSH_CONFIGS, LOG_DIR_REGISTRY,
+                       REPLICATION, STREAMING_SINK, check_readable, unknown_features)
 from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
 from .snapshot_shape import check_snapshot
@@ -318,6 +318,9 @@ class ClusterState(ReplicationReplay):
             LogConfig.from_properties(a.configs)
         except InvalidConfigError as exc:
             return A.error("INVALID_CONFIG", str(exc))
+        refused = self._ungated_flush(a.configs)
+        if refused is not None:
+            return refused
         self.topics[topic] = {"topic_id": a.topic_id, "partitions": n,
                               "replicas": [list(r) for r in a.replicas],
                               "configs": dict(a.configs), "created": ts}
@@ -387,6 +390,16 @@ class ClusterState(ReplicationReplay):
                 self._decide(txn, "aborted")
         return A.DeleteTopicResult(topic_id=info["topic_id"])
 
+    def _ungated_flush(self, configs) -> Optional[A.Result]:
+        """flush.messages and flush.ms change what writers do with every write: stored only
+        behind their feature, so that an older client refuses the cluster instead of
+        failing to parse the topic's configs or writing without the flushes they ask for."""
+        named = sorted(k for k in configs if k in FLUSH_KEYS)
+        if named and FLUSH_CONFIGS not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"{', '.join(named)} need(s) the feature "
+                           f"{FLUSH_CONFIGS}, which this cluster has not enabled")
+        return None
+
     def _alter_configs(self, a: A.AlterConfigs, ts: int) -> A.Result:
         topic = a.topic
         if topic not in self.topics:
@@ -399,6 +412,9 @@ class ClusterState(ReplicationReplay):
             LogConfig.from_properties(configs)
         except InvalidConfigError as exc:
             return A.error("INVALID_CONFIG", str(exc))
+        refused = self._ungated_flush(a.set)
+        if refused is not None:
+            return refused
         self._topic_w(topic)["configs"] = configs
         for p in range(self.topics[topic]["partitions"]):
             key = tp_key(topic, p)

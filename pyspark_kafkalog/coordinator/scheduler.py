@@ -31,6 +31,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..cluster.checkpoints import sync_checkpoints
 from ..cluster.config import read_properties_file
+from ..cluster.flush import flush_logs
 from ..cluster.groups import consumed_offsets, validate_group_id
 from ..cluster.maintenance import (FanOut, collect_garbage, delete_records, offline_error,
                                    retention, serial)
@@ -45,11 +46,19 @@ RETENTION = "retention"
 DELETE_AFTER_CONSUMPTION = "delete_after_consumption"
 CLEANUP = "cleanup"
 CHECKPOINTS = "checkpoints"
-KINDS = (RETENTION, DELETE_AFTER_CONSUMPTION, CLEANUP, CHECKPOINTS)
+FLUSH = "flush"
+KINDS = (RETENTION, DELETE_AFTER_CONSUMPTION, CLEANUP, CHECKPOINTS, FLUSH)
+#: kinds so frequent that a run which changed nothing is neither reported nor logged at INFO
+#: (the flush check runs every second, and does nothing where no topic sets ``flush.ms``)
+QUIET_WHEN_IDLE = frozenset({FLUSH})
 
 #: property name -> (SchedulerConfig attribute, default). Kafka's broker names and defaults where
 #: Kafka has the job; ``kafkalog.*`` where it does not (Kafka has no garbage of dead writers).
+#: One default is not Kafka's: its log flusher's interval is Long.MAX_VALUE, which leaves every
+#: topic's ``flush.ms`` without effect; here the check runs every second, and costs nothing
+#: where no topic sets ``flush.ms``.
 INTERVAL_KEYS: Dict[str, Tuple[str, int]] = {
+    "log.flush.scheduler.interval.ms": ("flush_check_interval_ms", 1000),
     "log.retention.check.interval.ms": ("retention_check_interval_ms", 300_000),
     "kafkalog.cleanup.interval.ms": ("cleanup_interval_ms", 300_000),
     "log.flush.offset.checkpoint.interval.ms": ("checkpoint_interval_ms", 60_000),
@@ -68,6 +77,7 @@ class SchedulerConfig:
     cleanup_interval_ms: int = 300_000
     checkpoint_interval_ms: int = 60_000
     delete_after_consumption_interval_ms: int = 300_000
+    flush_check_interval_ms: int = 1000
     #: topic -> the groups that must all have consumed a record before it is deleted; empty: off
     delete_after_consumption: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
 
@@ -93,6 +103,7 @@ class SchedulerConfig:
         return getattr(self, {RETENTION: "retention_check_interval_ms",
                               CLEANUP: "cleanup_interval_ms",
                               CHECKPOINTS: "checkpoint_interval_ms",
+                              FLUSH: "flush_check_interval_ms",
                               DELETE_AFTER_CONSUMPTION: "delete_after_consumption_interval_ms"}[kind])
 
 
@@ -178,7 +189,9 @@ class MaintenanceScheduler:
                 self._next[kind] = start + ms / 1000.0
         self._jobs: Dict[str, Callable[[], Tuple[Dict[str, int], Optional[str]]]] = {
             RETENTION: self._retention, DELETE_AFTER_CONSUMPTION: self._delete_after_consumption,
-            CLEANUP: self._cleanup, CHECKPOINTS: self._checkpoints}
+            CLEANUP: self._cleanup, CHECKPOINTS: self._checkpoints, FLUSH: self._flush}
+        self._flushed: Dict[str, int] = {}   # log dir -> when this process last flushed it
+        self._now = start
 
     def next_due(self) -> Dict[str, float]:
         """When each enabled job runs next, on ``clock``'s scale."""
@@ -190,6 +203,7 @@ class MaintenanceScheduler:
         ``FencedCoordinatorError``, which ends the tick and propagates (the caller was deposed
         and must run nothing more)."""
         now = self.clock() if now is None else now
+        self._now = now     # the flush job measures flush.ms on the tick's clock
         runs = []
         for kind in KINDS:
             due = self._next.get(kind)
@@ -197,8 +211,11 @@ class MaintenanceScheduler:
                 continue
             if not self.active():
                 break
-            runs.append(self._run(kind, now))
+            run = self._run(kind, now)
             self._next[kind] = now + self.config.interval_ms(kind) / 1000.0
+            if run.ok and kind in QUIET_WHEN_IDLE and not any(run.changed.values()):
+                continue
+            runs.append(run)
         return runs
 
     def _run(self, kind: str, now: float) -> MaintenanceRun:
@@ -218,7 +235,8 @@ class MaintenanceScheduler:
         if problem is not None:
             log.warning("scheduled %s: %s", kind, problem)
         else:
-            log.info("scheduled %s: %s", kind, changed)
+            log.log(logging.DEBUG if kind in QUIET_WHEN_IDLE and not any(changed.values())
+                    else logging.INFO, "scheduled %s: %s", kind, changed)
         return run
 
     # -- the jobs: each calls the rule the CLI and jobs/ call ------------------------------
@@ -251,6 +269,15 @@ class MaintenanceScheduler:
             return {"partitions": len(tps)}, None
         exc = offline_error("checkpoints", offline, [], None)
         return {"partitions": len(tps)}, f"{exc.error_name}: {exc}"
+
+    def _flush(self) -> Tuple[Dict[str, int], Optional[str]]:
+        # topics' flush.ms (protocol §3, "Durability"): this process's own cadence
+        flushed, offline = flush_logs(self.cluster, self.cluster.state(),
+                                      int(self._now * 1000), self._flushed)
+        if not offline:
+            return {"log_dirs": len(flushed)}, None
+        exc = offline_error("flush", offline, [], None)
+        return {"log_dirs": len(flushed)}, f"{exc.error_name}: {exc}"
 
     def _delete_after_consumption(self) -> Tuple[Dict[str, int], Optional[str]]:
         offsets, ids = {}, {}

@@ -27,7 +27,12 @@ _KEYS = {
     "min.insync.replicas": ("min_insync_replicas", int, 1),
     "file.delete.delay.ms": ("file_delete_delay_ms", int, 0),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", None, None),
+    "flush.messages": ("flush_messages", int, 1),
+    "flush.ms": ("flush_ms", int, 0),
 }
+#: the configs that ask writers for durability (docs/protocol.md §3, "Durability"); a cluster
+#: stores them only once the ``flushConfigs`` feature is on (§2.3)
+FLUSH_CONFIGS = ("flush.messages", "flush.ms")
 
 # Kafka's message.format.version values (KIP-31/32) -> the magic they write.
 _FORMAT_VERSIONS = {"0": 0, "1": 1, "2": 2}
@@ -68,10 +73,21 @@ class LogConfig:
     min_insync_replicas: int = 1
     file_delete_delay_ms: int = 60000
     unclean_leader_election_enable: str = "false"
+    flush_messages: int = _LONG_MAX
+    flush_ms: int = _LONG_MAX
 
     @property
     def unclean_leader_election(self) -> bool:
         return self.unclean_leader_election_enable == "true"
+
+    def flushes(self, records: int) -> bool:
+        """Whether a write of ``records`` records to one partition of this topic must be durable
+        before its commit (docs/protocol.md §3, "Durability"). Kafka forces a flush once
+        ``flush.messages`` records are unflushed; here each write's segment files are its own,
+        so the count is the write's. ``flush.ms`` = 0 leaves no record unflushed for any time.
+        A larger ``flush.ms`` is the coordinator's scheduled flush (``cluster/flush.py``), as
+        it is Kafka's log flusher."""
+        return records >= self.flush_messages or self.flush_ms == 0
 
     @property
     def magic(self) -> int:
@@ -95,6 +111,8 @@ class LogConfig:
                 raise InvalidConfigError(f"invalid value {raw!r} for {name}") from None
             if minimum is not None and value < minimum:
                 raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be >= {minimum}")
+            if name in FLUSH_CONFIGS and value > _LONG_MAX:
+                raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be <= {_LONG_MAX}")
             if name == "segment.bytes" and value > _INT_MAX:
                 raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be <= {_INT_MAX}")
             if name == "compression.type" and value.lower() != "producer":

@@ -264,10 +264,17 @@ class Storage(abc.ABC):
     #: device's latency, and their syncs share the filesystem's journal commits
     concurrent_writes = False
 
-    def sync_batch(self):
+    def flush(self, dir_path: str = "") -> None:
+        """Make every file already written under ``dir_path`` durable, whoever wrote it: what
+        writes their topic did not ask to flush left to the kernel (docs/protocol.md §3,
+        "Durability"), before a recovery point says it is on the device. Nothing to do where
+        each write is durable when it returns (object stores) or where nothing ever is."""
+
+    def sync_batch(self, durable: bool = True):
         """A :class:`~pyspark_kafkalog.storage.local.SyncBatch` where files created by jobs it
-        wraps may be made durable together, at its ``sync()``, instead of one by one; None
-        where each create is durable on its own anyway (object stores)."""
+        wraps may be made durable together, at its ``sync()``, instead of one by one (or, with
+        ``durable=False``, left to the kernel's write-back); None where each create is durable
+        on its own anyway (object stores)."""
         return None
 
     #: whether writers should spool (:meth:`open_spool`) rather than keep a file's content

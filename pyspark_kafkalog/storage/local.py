@@ -264,8 +264,30 @@ class LocalStorage(Storage):
 
     # -- durability barriers ---------------------------------------------------------------------
 
-    def sync_batch(self) -> Optional["SyncBatch"]:
-        return SyncBatch(self) if self._fsync else None
+    def flush(self, dir_path: str = "") -> None:
+        """One ``syncfs`` of the filesystem holding ``dir_path`` (whatever else on it is dirty
+        goes too, and costs what it would cost the kernel's write-back anyway); where there is
+        none, a fsync of every file and directory under it."""
+        if not self._fsync:
+            return
+        full = self._abs(dir_path, allow_root=True)
+        with storage_errors("flush", self._where(dir_path)):
+            if not os.path.isdir(full) or _syncfs(full):
+                return
+            for directory, _, names in os.walk(full):
+                for name in names:
+                    try:
+                        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+                    except FileNotFoundError:   # deleted meanwhile: nothing left to sync
+                        continue
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                self._sync_dir(directory)
+
+    def sync_batch(self, durable: bool = True) -> Optional["SyncBatch"]:
+        return SyncBatch(self, durable=durable) if self._fsync else None
 
     def _sync_now(self) -> bool:
         """Whether a create syncs as it goes: not inside a :class:`SyncBatch` job."""
@@ -731,14 +753,20 @@ class SyncBatch:
     of them a journal commit when they come one after another; synced together, the first
     fsync commits all of the flush's metadata and the rest find their inodes already committed.
     The files are durable when ``sync`` returns, before the flush hands its write to the
-    commit, so what a commit makes visible is still durable (docs/protocol.md §3, Durability).
+    commit, so what a commit makes visible of a flushed write is still durable
+    (docs/protocol.md §3, Durability).
     A file linked but not yet synced when the machine fails belongs to a reservation nobody
     committed: it is garbage of an aborted write, as a temp file was before. Only threads running wrapped jobs
     defer: anything else in the process syncs as it goes.
+
+    With ``durable=False`` (a write its topic's ``flush.messages``/``flush.ms`` do not ask to
+    flush) the batch never syncs: its files are left to the kernel's write-back, as a Kafka
+    broker leaves its appends by default, and ``sync`` only ends the batch.
     """
 
-    def __init__(self, storage: LocalStorage):
+    def __init__(self, storage: LocalStorage, *, durable: bool = True):
         self._storage = storage
+        self.durable = durable
         self._lock = threading.Lock()
         self.files: List[str] = []
         self.dirs: Set[str] = set()
@@ -762,7 +790,8 @@ class SyncBatch:
 
     def _grown(self) -> None:
         """Under the lock: files were added."""
-        if (self._flusher is None and self.EARLY_FLUSH and len(self.files) > self.SYNCFS_FILES
+        if (self._flusher is None and self.durable and self.EARLY_FLUSH
+                and len(self.files) > self.SYNCFS_FILES
                 and not self._done.is_set()):
             self._flusher = threading.Thread(target=self._flush_early, daemon=True,
                                              name="kafkalog-early-flush")
@@ -810,6 +839,8 @@ class SyncBatch:
         with self._lock:
             files, dirs = self.files, sorted(self.dirs)
             self.files, self.dirs = [], set()
+        if not self.durable:
+            return
         with storage_errors("sync", self._storage.url):
             self._storage._barrier(files, dirs)
 

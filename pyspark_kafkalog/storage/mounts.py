@@ -93,10 +93,19 @@ class MountedStorage(Storage):
     def can_spool(self) -> bool:   # type: ignore[override]
         return self.base.can_spool
 
-    def sync_batch(self):
+    def flush(self, dir_path: str = "") -> None:
+        if not dir_path:   # the root and every log dir mounted on it
+            self.base.flush("")
+            for m in list(self._mounts.values()):
+                m.flush("")
+            return
+        st, sub = self._route(dir_path)
+        st.flush(sub)
+
+    def sync_batch(self, durable: bool = True):
         """The root's: files a wrapped job creates on a mounted log dir are synced as they are
-        created, by their own storage (durable either way)."""
-        return self.base.sync_batch()
+        created, by their own storage (durable either way, even where ``durable`` is False)."""
+        return self.base.sync_batch(durable)
 
     def _where(self, path: str) -> str:
         st, sub = self._route(path)
