@@ -282,6 +282,10 @@ def file_create_probe(directory: str, dirs: int = 100) -> float:
     return (time.perf_counter() - t0) / (3 * dirs) * 1e6
 
 
+#: the suffix of the topics written with ``--compare-topic-config``
+ALT = "-alt"
+
+
 def run_write_sweep(args, spark, counts) -> Dict[str, object]:
     """The same cached DataFrame appended to topics of each partition count."""
     tmp = tempfile.mkdtemp(prefix="kafkalog-bench-", dir=args.dir)
@@ -293,33 +297,41 @@ def run_write_sweep(args, spark, counts) -> Dict[str, object]:
         from pyspark_kafkalog.admin import Admin
         url = os.path.join(tmp, "cluster")
         admin = Admin(url)
+        base = dict(kv.split("=", 1) for kv in getattr(args, "topic_config", None) or [])
+        alt = dict(kv.split("=", 1) for kv in getattr(args, "compare_topic_config", None) or [])
+        variants = {"": base, **({ALT: {**base, **alt}} if alt else {})}
         for n in counts:
-            admin.create_topic(f"bench-{n}", n, configs={"segment.bytes": 256 << 20,
-                                                         "compression.type": args.codec})
+            for suffix, configs in variants.items():
+                admin.create_topic(f"bench-{n}{suffix}", n, configs={
+                    "segment.bytes": 256 << 20, "compression.type": args.codec, **configs})
         direct_io = "false" if args.page_cache else "true"
         extra = dict(kv.split("=", 1) for kv in args.write_option or [])
 
-        def write(n):
+        def write(topic):
             df = src
             if args.shuffle:   # each Kafka partition written by one of --partitions tasks
                 from pyspark_kafkalog.spark.writer import repartition_by_kafka_partition
-                df = repartition_by_kafka_partition(src, url, f"bench-{n}",
-                                                    num_tasks=args.partitions)
-            w = (df.write.format("kafkalog").option("topic", f"bench-{n}")
+                df = repartition_by_kafka_partition(src, url, topic, num_tasks=args.partitions)
+            w = (df.write.format("kafkalog").option("topic", topic)
                  .option("storage.direct_io", direct_io).mode("append"))
             for k, v in extra.items():
                 w = w.option(k, v)
             w.save(url)
+        cases = {f"{n}{suffix}": f"bench-{n}{suffix}" for suffix in variants for n in counts}
         probe = {"before": file_create_probe(tmp)}
-        for n in counts:   # warm-up
-            write(n)
-        times = round_robin(args.repeat, {str(n): (lambda n=n: write(n)) for n in counts})
+        for topic in cases.values():   # warm-up
+            write(topic)
+        times = round_robin(args.repeat, {k: (lambda t=t: write(t)) for k, t in cases.items()})
         probe["after"] = file_create_probe(tmp)
-        written = {str(n): sum(p.high_watermark for p in
-                               Admin(url).describe_topic(f"bench-{n}").partitions)
-                   for n in counts}
-        return dict(_sweep_summary(args.rows, counts, times), rows_written=written,
-                    write_options=extra, shuffle=bool(args.shuffle), file_create_us=probe)
+        written = {k: sum(p.high_watermark for p in Admin(url).describe_topic(t).partitions)
+                   for k, t in cases.items()}
+        out = dict(_sweep_summary(args.rows, counts, {str(n): times[str(n)] for n in counts}),
+                   rows_written=written, write_options=extra, topic_configs=base,
+                   shuffle=bool(args.shuffle), file_create_us=probe)
+        if alt:   # the same sweep with the other configs, taking turns with the first
+            out["compare"] = dict(_sweep_summary(args.rows, counts, {
+                str(n): times[f"{n}{ALT}"] for n in counts}), topic_configs={**base, **alt})
+        return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -414,6 +426,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --topic-partitions: an option for every kafkalog read")
     p.add_argument("--write-option", action="append", metavar="K=V",
                    help="with --topic-partitions: an option for every kafkalog write")
+    p.add_argument("--topic-config", action="append", metavar="K=V",
+                   help="spark-write with --topic-partitions: a topic config of every topic "
+                        "written (e.g. flush.messages=1: every write flushed before its "
+                        "commit, docs/protocol.md §3)")
+    p.add_argument("--compare-topic-config", action="append", metavar="K=V",
+                   help="spark-write with --topic-partitions: also write topics with these "
+                        "configs, taking turns with the others in the same session, and report "
+                        "their ratios apart (e.g. flush.messages=1)")
     p.add_argument("--shuffle", action="store_true",
                    help="spark-write with --topic-partitions: shuffle the rows by target "
                         "partition first (repartition_by_kafka_partition, --partitions tasks)")
@@ -450,6 +470,13 @@ def render_sweep(name: str, result: Dict[str, object]) -> str:
         lines.append(f"  {k:>6} partitions  best {result['seconds'][k]:7.3f} s  median "
                      f"{result['median_seconds'][k]:7.3f} s  ratio "
                      f"{result['median_ratio_vs_first'][k]:5.2f}x{extra}")
+    if "compare" in result:
+        other = result["compare"]
+        lines.append(f"  topic configs {other['topic_configs']}, taking turns with the above:")
+        for k in other["median_seconds"]:
+            lines.append(f"  {k:>6} partitions  best {other['seconds'][k]:7.3f} s  median "
+                         f"{other['median_seconds'][k]:7.3f} s  ratio "
+                         f"{other['median_ratio_vs_first'][k]:5.2f}x")
     probe = result.get("file_create_us")
     if probe:
         lines.append(f"  creating a file here: {probe['before']:.0f} us before the runs, "

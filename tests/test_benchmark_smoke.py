@@ -99,9 +99,13 @@ def test_spark_sections_sweep_partition_counts(spark):
     ratios = read["median_ratio_vs_first"]
     assert ratios["2"] == 1.0 and _positive(ratios["20"])
     assert "20 partitions" in bench_spark.render("spark-read", read)
+    args.compare_topic_config = ["flush.messages=1"]   # and flushed topics, taking turns
     write = bench_spark.run_spark_write(args)
-    assert write["rows_written"] == {"2": 2000 * 2, "20": 2000 * 2}   # warm-up + one repeat
+    assert write["rows_written"] == {k: 2000 * 2 for k in ("2", "20", "2-alt", "20-alt")}
+    assert write["compare"]["topic_configs"] == {"flush.messages": "1"}
+    assert write["compare"]["median_ratio_vs_first"]["2"] == 1.0
     assert "ratio" in bench_spark.render("spark-write", write)
+    assert "topic configs {'flush.messages': '1'}" in bench_spark.render("spark-write", write)
     probe = write["file_create_us"]
     assert _positive(probe["before"]) and _positive(probe["after"])
     assert "creating a file here" in bench_spark.render("spark-write", write)
