@@ -323,8 +323,8 @@ def test_a_machine_crash_takes_only_unflushed_writes_and_is_repaired(tmp_path, m
     admin = Admin(root)
     ways = ["name", "data", "tail", None]
     admin.create_topic("t", len(ways), configs=configs)
-    first = {p: [(b"a-%d-%d" % (p, i), b"x" * (20 + i)) for i in range(10)] for p in ways and
-             range(len(ways))}
+    first = {p: [(b"a-%d-%d" % (p, i), b"x" * (20 + i)) for i in range(10)]
+             for p in range(len(ways))}
     for p, records in first.items():
         admin.produce("t", records, partition=p)
     os.sync()                       # the kernel's write-back reached them before the crash

@@ -311,6 +311,32 @@ def test_a_followers_log_dir_gets_its_own_offset_checkpoints(tmp_path):
     assert follower.read_checkpoint(LOG_START_CHECKPOINT) == {tp: 0}
 
 
+def test_replication_passes_leave_the_leaders_recovery_point_to_maintenance(tmp_path,
+                                                                             monkeypatch):
+    """The leader's data may be unflushed (docs/protocol.md §3, "Durability"), and replication
+    passes come every few hundred ms: they flush nothing and leave the leader's recovery point
+    where it is, while a follower's follows its copies (durable when copied); the next
+    maintenance flushes the leader's log dir and moves it."""
+    from pyspark_kafkalog.log.logdir import RECOVERY_POINT_CHECKPOINT, LogDir
+    from pyspark_kafkalog.storage.local import LocalStorage
+    flushes = []
+    real = LocalStorage.flush
+    monkeypatch.setattr(LocalStorage, "flush",
+                        lambda self, d="": (flushes.append(d), real(self, d))[1])
+    admin, rep = in_sync_pair(tmp_path)
+    for _ in range(3):
+        rep.tick()
+    assert flushes == []
+    ps = admin.cluster.state().partition("t", 0)
+    leader = ps.replication["leader"]
+    follower = next(r for r in admin.cluster.state().topics["t"]["replicas"][0] if r != leader)
+    point = lambda r: LogDir(admin.cluster.storage, r).read_checkpoint(
+        RECOVERY_POINT_CHECKPOINT).get(("t", 0))
+    assert point(follower) == 10 and point(leader) is None
+    admin.cleanup()
+    assert flushes and point(leader) == 10
+
+
 def test_a_followers_epoch_checkpoint_covers_acks_all_data(tmp_path):
     from pyspark_kafkalog.format.checkpoint import format_leader_epoch_checkpoint
     admin, rep = in_sync_pair(tmp_path, produce_first=False)   # empty, both in the ISR

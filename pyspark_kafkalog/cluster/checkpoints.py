@@ -35,7 +35,8 @@ Spans = Sequence[Sequence[int]]
 def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
                      log_dir_files: Optional[bool] = None,
                      written: Optional[Mapping[Tuple[str, int], Spans]] = None,
-                     flushed: bool = True, skip_offline: bool = False) -> Dict[str, str]:
+                     flushed: bool = True, flush: bool = True,
+                     skip_offline: bool = False) -> Dict[str, str]:
     """Rewrite the checkpoint files of ``tps``. ``log_dir_files``: also the log-dir-wide
     files; by default only while the cluster is small enough for that to cost little.
 
@@ -61,7 +62,9 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
     The ``recovery-point-offset-checkpoint`` says what is on the device (Kafka recovers only
     from it on): a commit moves it only when its writes were flushed (``flushed``, §3
     "Durability"); any other caller flushes each log dir first (``Storage.flush``), so the
-    high watermark it writes there is durable. Kafka moves its recovery point by flushing too."""
+    high watermark it writes there is durable, or with ``flush=False`` (the replicator, whose
+    passes come every few hundred ms) leaves it where it is. Kafka moves its recovery point by
+    flushing too."""
     if log_dir_files is None:
         total = sum(info["partitions"] for info in state.topics.values())
         log_dir_files = total <= INLINE_CHECKPOINT_MAX_PARTITIONS
@@ -104,9 +107,9 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
             ld = LogDir(cluster.storage, logdir)
             hw = {tp: ps.high_watermark for tp, ps in parts.items()}
             ld.merge_checkpoint(REPLICATION_CHECKPOINT, hw)
-            if written is None:
+            if written is None and flush:
                 cluster.storage.flush(logdir)
-            if written is None or flushed:
+            if flushed if written is not None else flush:
                 ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
             ld.merge_checkpoint(LOG_START_CHECKPOINT,
                                 {tp: ps.log_start_offset for tp, ps in parts.items()})

@@ -511,7 +511,8 @@ class Replicator:
                 offsets.setdefault(r, {})[(topic, p)] = (end, ps.log_start_offset)
         try:
             if leaders:
-                sync_checkpoints(self.cluster, state, leaders)
+                # no flush per pass: the leader's recovery point moves at maintenance (§8)
+                sync_checkpoints(self.cluster, state, leaders, flush=False)
             self.cluster.storage.replace_many(epochs)
             for r, parts in offsets.items():
                 ld = LogDir(self.cluster.storage, r)
