@@ -387,3 +387,19 @@ def test_a_crash_that_takes_a_partitions_only_write_is_repaired_too(tmp_path, mo
         admin.produce("t", [(b"after", b"crash")], partition=p)
         assert [(r.offset, r.key) for r in admin.consume("t", p)] == [(10, b"after")]
     assert all(not r.changed for r in admin.repair_partition("t"))
+
+
+@pytest.mark.parametrize("has_syncfs", [True, False])
+def test_storage_flush_makes_every_file_under_a_log_dir_durable(tmp_path, model, monkeypatch,
+                                                                 has_syncfs):
+    """What maintenance calls before it moves a recovery point: one syncfs, or where there is
+    none, a fsync of every file and directory under the log dir."""
+    root = str(tmp_path / "c")
+    admin = Admin(root)
+    admin.create_topic("t", 3)
+    admin.produce("t", _records(60))
+    assert not_durable(root, "t", model.snapshot())
+    if not has_syncfs:
+        monkeypatch.setattr(local, "_syncfs", lambda path: False)
+    admin.cluster.storage.flush("logdir-0")
+    assert not_durable(root, "t", model.snapshot()) == []
