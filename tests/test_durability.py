@@ -29,7 +29,7 @@ from pyspark_kafkalog.errors import (CorruptRecordError, InvalidConfigError, Kaf
 from pyspark_kafkalog.log.config import LogConfig
 from pyspark_kafkalog.spark.write_options import WriteOptions
 from pyspark_kafkalog.spark.writer import write_task
-from pyspark_kafkalog.storage import local
+from pyspark_kafkalog.storage import local, local_sync
 
 SEGMENT_SUFFIXES = (".log", ".index", ".timeindex")
 
@@ -74,7 +74,7 @@ def model(monkeypatch):
     real = {name: getattr(os, name) for name in (
         "open", "write", "pwrite", "writev", "pwritev", "fsync", "link", "rename", "replace",
         "mkdir", "copy_file_range", "sendfile") if hasattr(os, name)}
-    real_syncfs = local._syncfs
+    real_syncfs = local_sync.syncfs
 
     def parent(path, dir_fd=None):
         if dir_fd is not None and not os.path.isabs(path):
@@ -139,7 +139,7 @@ def model(monkeypatch):
         if name in real:
             monkeypatch.setattr(os, name, writes(name, fd_arg=1))
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(local, "_syncfs", syncfs)
+    monkeypatch.setattr(local_sync, "syncfs", syncfs)
     monkeypatch.setattr(os, "link", linked)
     monkeypatch.setattr(os, "rename", renamed("rename"))
     monkeypatch.setattr(os, "replace", renamed("replace"))
@@ -400,6 +400,6 @@ def test_storage_flush_makes_every_file_under_a_log_dir_durable(tmp_path, model,
     admin.produce("t", _records(60))
     assert not_durable(root, "t", model.snapshot())
     if not has_syncfs:
-        monkeypatch.setattr(local, "_syncfs", lambda path: False)
+        monkeypatch.setattr(local_sync, "syncfs", lambda path: False)
     admin.cluster.storage.flush("logdir-0")
     assert not_durable(root, "t", model.snapshot()) == []

@@ -342,14 +342,15 @@ def test_a_batch_past_the_syncfs_threshold_writes_back_early_and_stops(tmp_path,
     added (``_flush_early``); ``sync`` stops it and still ends with its own barrier; a batch
     nobody syncs (a write that failed) lets the thread end by itself; few files start none."""
     import pyspark_kafkalog.storage.local as local
+    import pyspark_kafkalog.storage.local_sync as local_sync
     calls = []
-    real = local._syncfs
+    real = local_sync.syncfs
 
     def counting(path):
         calls.append(threading.current_thread().name)
         time.sleep(0.01)
         return real(path)
-    monkeypatch.setattr(local, "_syncfs", counting)
+    monkeypatch.setattr(local_sync, "syncfs", counting)
     monkeypatch.setattr(local.SyncBatch, "EARLY_FLUSH", True)
     st = open_storage(str(tmp_path / "root"))
 

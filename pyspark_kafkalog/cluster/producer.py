@@ -196,7 +196,7 @@ class Producer:
                                     spools.get(tp)))
             # each job records its segments in pending as it ends, so that an abort after
             # another partition's failure deletes them too. With many partitions their files
-            # are made durable together, once all are written (storage.local.SyncBatch); a
+            # are made durable together, once all are written (storage.local_sync.SyncBatch); a
             # write no topic config asks to flush leaves them to the kernel (protocol §3,
             # "Durability")
             durable = flushed(state, {tp: span(bs) for tp, bs in batches.items()}, configs)

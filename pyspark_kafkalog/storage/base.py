@@ -271,7 +271,7 @@ class Storage(abc.ABC):
         each write is durable when it returns (object stores) or where nothing ever is."""
 
     def sync_batch(self, durable: bool = True):
-        """A :class:`~pyspark_kafkalog.storage.local.SyncBatch` where files created by jobs it
+        """A :class:`~pyspark_kafkalog.storage.local_sync.SyncBatch` where files created by jobs it
         wraps may be made durable together, at its ``sync()``, instead of one by one (or, with
         ``durable=False``, left to the kernel's write-back); None where each create is durable
         on its own anyway (object stores)."""
