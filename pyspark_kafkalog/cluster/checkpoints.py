@@ -35,7 +35,7 @@ Spans = Sequence[Sequence[int]]
 def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
                      log_dir_files: Optional[bool] = None,
                      written: Optional[Mapping[Tuple[str, int], Spans]] = None,
-                     flushed: bool = True, flush: bool = True,
+                     recovery_point: bool = True,
                      skip_offline: bool = False) -> Dict[str, str]:
     """Rewrite the checkpoint files of ``tps``. ``log_dir_files``: also the log-dir-wide
     files; by default only while the cluster is small enough for that to cost little.
@@ -60,10 +60,10 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
     1,000-partition job's commit (0.3-0.5 s).
 
     The ``recovery-point-offset-checkpoint`` says what is on the device (Kafka recovers only
-    from it on): a commit moves it only when its writes were flushed (``flushed``, §3
-    "Durability"); any other caller flushes each log dir first (``Storage.flush``), so the
-    high watermark it writes there is durable, or with ``flush=False`` (the replicator, whose
-    passes come every few hundred ms) leaves it where it is. Kafka moves its recovery point by
+    from it on). ``recovery_point``: whether to move it. A commit moves it only when its
+    writes were flushed (§3 "Durability"); any other caller flushes each log dir first
+    (``Storage.flush``), so the high watermark it writes there is durable; the replicator,
+    whose passes come every few hundred ms, leaves it. Kafka moves its recovery point by
     flushing too."""
     if log_dir_files is None:
         total = sum(info["partitions"] for info in state.topics.values())
@@ -85,7 +85,7 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
             entries = ps.leader_epoch_entries()
             # a commit that does not move the recovery point need not catch up with it
             if written is not None and not (_epoch_begins_in(entries, written.get((topic, p)))
-                                            or flushed and _past_recovery_point(
+                                            or recovery_point and _past_recovery_point(
                                                 cluster, logdir, topic, p, entries,
                                                 recovery_points)):
                 continue
@@ -107,9 +107,9 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
             ld = LogDir(cluster.storage, logdir)
             hw = {tp: ps.high_watermark for tp, ps in parts.items()}
             ld.merge_checkpoint(REPLICATION_CHECKPOINT, hw)
-            if written is None and flush:
-                cluster.storage.flush(logdir)
-            if flushed if written is not None else flush:
+            if recovery_point:
+                if written is None:
+                    cluster.storage.flush(logdir)
                 ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
             ld.merge_checkpoint(LOG_START_CHECKPOINT,
                                 {tp: ps.log_start_offset for tp, ps in parts.items()})

@@ -249,7 +249,7 @@ class Producer:
             raise error_for(result.error, result.message)
         written = written_ranges(pending)
         sync_checkpoints(cluster, state, sorted(written), written=written,
-                         flushed=all_flushed(state, pending))
+                         recovery_point=all_flushed(state, pending))
 
     def abort(self, pending: Iterable[PendingWrite]) -> None:
         pending = list(pending)

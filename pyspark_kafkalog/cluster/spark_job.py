@@ -299,7 +299,7 @@ def _decide_commit(cluster: Cluster, pending: List[PendingWrite], producer: str,
         _sweep_late(cluster, producer, txns + sorted(stale))
         written = written_ranges(pending)
         sync_checkpoints(cluster, new_state, sorted(written), written=written,
-                         flushed=all_flushed(new_state, pending))
+                         recovery_point=all_flushed(new_state, pending))
     except Exception:   # derived files and garbage: maintenance redoes both
         pass
     return True

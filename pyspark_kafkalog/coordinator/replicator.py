@@ -512,7 +512,7 @@ class Replicator:
         try:
             if leaders:
                 # no flush per pass: the leader's recovery point moves at maintenance (§8)
-                sync_checkpoints(self.cluster, state, leaders, flush=False)
+                sync_checkpoints(self.cluster, state, leaders, recovery_point=False)
             self.cluster.storage.replace_many(epochs)
             for r, parts in offsets.items():
                 ld = LogDir(self.cluster.storage, r)

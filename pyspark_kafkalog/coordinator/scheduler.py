@@ -187,11 +187,10 @@ class MaintenanceScheduler:
             ms = config.interval_ms(kind)
             if ms is not None:
                 self._next[kind] = start + ms / 1000.0
-        self._jobs: Dict[str, Callable[[], Tuple[Dict[str, int], Optional[str]]]] = {
+        self._jobs: Dict[str, Callable[[float], Tuple[Dict[str, int], Optional[str]]]] = {
             RETENTION: self._retention, DELETE_AFTER_CONSUMPTION: self._delete_after_consumption,
             CLEANUP: self._cleanup, CHECKPOINTS: self._checkpoints, FLUSH: self._flush}
         self._flushed: Dict[str, int] = {}   # log dir -> when this process last flushed it
-        self._now = start
 
     def next_due(self) -> Dict[str, float]:
         """When each enabled job runs next, on ``clock``'s scale."""
@@ -203,7 +202,6 @@ class MaintenanceScheduler:
         ``FencedCoordinatorError``, which ends the tick and propagates (the caller was deposed
         and must run nothing more)."""
         now = self.clock() if now is None else now
-        self._now = now     # the flush job measures flush.ms on the tick's clock
         runs = []
         for kind in KINDS:
             due = self._next.get(kind)
@@ -221,7 +219,7 @@ class MaintenanceScheduler:
     def _run(self, kind: str, now: float) -> MaintenanceRun:
         t0 = time.perf_counter()
         try:
-            changed, problem = self._jobs[kind]()
+            changed, problem = self._jobs[kind](now)
         except FencedCoordinatorError:
             raise                     # deposed: the service fences itself (and logs it)
         except Exception as exc:      # noqa: BLE001 - one job's failure must not stop the rest
@@ -241,10 +239,11 @@ class MaintenanceScheduler:
 
     # -- the jobs: each calls the rule the CLI and jobs/ call ------------------------------
 
-    # each returns (counts of what changed, a problem that makes the run not ok, or None); an
-    # offline log dir (KIP-112) is such a problem, with what the run did elsewhere counted
+    # each takes the tick's ``now`` and returns (counts of what changed, a problem that makes
+    # the run not ok, or None); an offline log dir (KIP-112) is such a problem, with what the
+    # run did elsewhere counted
 
-    def _retention(self) -> Tuple[Dict[str, int], Optional[str]]:
+    def _retention(self, now: float) -> Tuple[Dict[str, int], Optional[str]]:
         try:
             plans, problem = retention(self.cluster, fan_out=self.fan_out), None
         except OfflineLogDirError as exc:
@@ -252,14 +251,14 @@ class MaintenanceScheduler:
         return {"partitions": len(plans), "segments": sum(len(p.segments) for p in plans),
                 "bytes": sum(p.bytes for p in plans)}, problem
 
-    def _cleanup(self) -> Tuple[Dict[str, int], Optional[str]]:
+    def _cleanup(self, now: float) -> Tuple[Dict[str, int], Optional[str]]:
         try:
             removed, problem = collect_garbage(self.cluster), None
         except OfflineLogDirError as exc:
             removed, problem = exc.done, f"{exc.error_name}: {exc}"
         return {k: len(v) for k, v in removed.items()}, problem
 
-    def _checkpoints(self) -> Tuple[Dict[str, int], Optional[str]]:
+    def _checkpoints(self, now: float) -> Tuple[Dict[str, int], Optional[str]]:
         # what cleanup ends with: every partition's files from the metadata state (protocol §8)
         state = self.cluster.state()
         tps = self.cluster.partitions(state)
@@ -270,16 +269,16 @@ class MaintenanceScheduler:
         exc = offline_error("checkpoints", offline, [], None)
         return {"partitions": len(tps)}, f"{exc.error_name}: {exc}"
 
-    def _flush(self) -> Tuple[Dict[str, int], Optional[str]]:
+    def _flush(self, now: float) -> Tuple[Dict[str, int], Optional[str]]:
         # topics' flush.ms (protocol §3, "Durability"): this process's own cadence
         flushed, offline = flush_logs(self.cluster, self.cluster.state(),
-                                      int(self._now * 1000), self._flushed)
+                                      int(now * 1000), self._flushed)
         if not offline:
             return {"log_dirs": len(flushed)}, None
         exc = offline_error("flush", offline, [], None)
         return {"log_dirs": len(flushed)}, f"{exc.error_name}: {exc}"
 
-    def _delete_after_consumption(self) -> Tuple[Dict[str, int], Optional[str]]:
+    def _delete_after_consumption(self, now: float) -> Tuple[Dict[str, int], Optional[str]]:
         offsets, ids = {}, {}
         for topic, groups in self.config.delete_after_consumption.items():
             o, i = consumed_offsets(self.cluster, groups, [topic])

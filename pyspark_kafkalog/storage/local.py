@@ -278,14 +278,7 @@ class LocalStorage(Storage):
                 return
             for directory, _, names in os.walk(full):
                 for name in names:
-                    try:
-                        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
-                    except FileNotFoundError:   # deleted meanwhile: nothing left to sync
-                        continue
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+                    _fsync_file(os.path.join(directory, name), missing_ok=True)
                 self._sync_dir(directory)
 
     def sync_batch(self, durable: bool = True) -> Optional["SyncBatch"]:
@@ -663,11 +656,7 @@ class LocalStorage(Storage):
         if max(len(files), len(dirs)) > SyncBatch.SYNCFS_FILES and local_sync.syncfs(self.root):
             return
         for full in files:
-            fd = os.open(full, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync_file(full)
         for directory in dirs:
             self._sync_dir(directory)
 
@@ -743,6 +732,19 @@ class LocalStorage(Storage):
         with storage_errors("makedirs", self._where(dir_path)):
             ensure_dir(self._abs(dir_path, allow_root=True))
 
+
+
+def _fsync_file(full: str, missing_ok: bool = False) -> None:
+    try:
+        fd = os.open(full, os.O_RDONLY)
+    except FileNotFoundError:
+        if missing_ok:   # deleted meanwhile: nothing left to sync
+            return
+        raise
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _kernel_copy(sfd: int, dfd: int, start: int, end: int, where: str, *,
