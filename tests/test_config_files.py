@@ -22,7 +22,8 @@ def test_example_topic_config_is_valid_kafka_config():
 
 def test_example_cluster_config_opens_a_cluster(tmp_path):
     opts = load_cluster_config(str(CONF / "cluster.properties"))
-    assert opts == {"transaction_timeout_ms": 60000, "snapshot_interval": 50}
+    assert opts == {"transaction_timeout_ms": 60000, "snapshot_interval": 50,
+                    "metadata_max_retention_ms": 3_600_000}
     c = Cluster(str(tmp_path / "c"), **opts)
     assert c.transaction_timeout_ms == 60000
 

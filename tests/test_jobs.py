@@ -15,6 +15,7 @@ JOBS = Path(__file__).resolve().parents[1] / "jobs"
 sys.path.insert(0, str(JOBS))
 
 import delete_records as delete_job  # noqa: E402
+import merge_segments as merge_job  # noqa: E402
 import retention as retention_job  # noqa: E402
 
 
@@ -96,3 +97,26 @@ def test_jobs_run_under_spark_submit(tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
         "topic": "a", "partition": 0, "error": "NONE", "low_watermark": 2}
     assert admin.list_offsets({TP("a", 0): "earliest"})[TP("a", 0)].offset == 2
+
+
+def test_merge_segments_job_fans_out_with_spark(spark, tmp_path):
+    url = str(tmp_path / "c")
+    admin = Admin(url)
+    for t in ("a", "b"):
+        admin.create_topic(t, 3)
+        for i in range(12):
+            admin.produce(t, [Record(b"k", b"v%d" % i, 1000 + i)], partition=i % 3)
+    before = {t: [(r.partition, r.offset, r.value) for r in admin.consume(t)] for t in "ab"}
+    done = merge_job.run(url, topics=["a"], lag_ms=0, delay_ms=0, spark=spark,
+                         min_partitions_for_spark=1)
+    assert sorted(d["partition"] for d in done if d["merged"]) == [0, 1, 2]
+    assert all(d["topic"] == "a" and d["merged"] == [[0, 3, 3, d["merged"][0][3]]]
+               for d in done)
+    for p in range(3):
+        assert sorted(f.name for f in (tmp_path / "c" / "logdir-0" / f"a-{p}").glob("*.log")) \
+            == ["00000000000000000000.log", "00000000000000000003.log"]
+        assert len(list((tmp_path / "c" / "logdir-0" / f"b-{p}").glob("*.log"))) == 4
+    assert {t: [(r.partition, r.offset, r.value) for r in admin.consume(t)] for t in "ab"} \
+        == before
+    assert merge_job.run(url, topics=["a"], lag_ms=0, delay_ms=0, spark=spark,
+                         min_partitions_for_spark=1) == []

@@ -312,3 +312,30 @@ def test_sink_puts_keyed_rows_where_kafkas_java_producer_does(ks, tmp_path, kafk
               for r in kafka_check(root / "logdir-0").records()]
     assert sorted(k for k, _ in landed) == keys
     assert [p for _, p in landed] == kafka_check.partitions([k for k, _ in landed], 13)
+
+
+# -- 7. merged segments (docs/protocol.md §4.1) -----------------------------------------------------
+
+@pytest.mark.parametrize("magic_version", ["3.0-IV1", "0.10.2", "0.9.0"])
+def test_merged_segments_read_in_kafka(tmp_path, kafka_check, magic_version):
+    from pyspark_kafkalog.cluster.maintenance import merge_segments
+    admin = Admin(str(tmp_path / "c"))
+    admin.create_topic("m", 2, configs={"message.format.version": magic_version,
+                                        "index.interval.bytes": "256",
+                                        "compression.type": "lz4"})
+    rng = random.Random(magic_version)
+    want = {0: [], 1: []}
+    for i in range(90):
+        recs = [Record(b"k%d" % rng.randrange(50), rng.randbytes(rng.randrange(1, 300)),
+                       1_700_000_000_000 + i) for _ in range(1 + rng.randrange(3))]
+        admin.produce("m", recs, partition=i % 2)
+        want[i % 2] += [r.value for r in recs]
+    done = merge_segments(admin.cluster, lag_ms=0, delay_ms=0)
+    assert all(m.merged for m in done) and len(done) == 2
+    found = kafka_check(tmp_path / "c" / "logdir-0")
+    assert found.errors() == [] and found.problems() == []
+    for p in (0, 1):
+        assert len(found.segments(f"m-{p}")) == 2          # the merged one and the head
+        got = found.records(f"m-{p}")
+        assert [r["value"] for r in got] == want[p]
+        assert [r["offset"] for r in got] == list(range(len(want[p])))

@@ -545,3 +545,41 @@ def test_reads_while_the_leaders_root_is_away_are_storage_errors_not_data_loss(t
             list(read_range(tasks[0], include_headers=False, fail_on_data_loss=lossy))
     (tmp_path / "away").rename(tmp_path / "root" / "logdir-0")
     assert seen(admin) == [b"v%d" % i for i in range(4)]
+
+
+def test_a_merge_leaves_every_isr_member_byte_identical_and_copies_follow_it(tmp_path):
+    """Segment merges (protocol §4.1) of a replicated partition replace the same files with the
+    same bytes on the leader and every in-sync follower; a follower that was out of the ISR
+    meanwhile copies the leader's merged file over its own smaller one when it returns."""
+    from pyspark_kafkalog.cluster.maintenance import merge_segments
+    admin, rep, clock = setup(tmp_path, partitions=1)
+    for i in range(12):
+        produce(admin, 1, i)
+    rep.tick()
+    rep.tick()
+    assert rep_state(admin)["isr"] == ["logdir-0", "logdir-1"]
+    leader_dir, follower_dir = tmp_path / "root" / "logdir-0" / "t-0", tmp_path / "second" / "t-0"
+    done = merge_segments(admin.cluster, lag_ms=0, delay_ms=0)
+    assert done[0].merged and done[0].merged[0][:3] == [0, 11, 11]
+    assert digests(leader_dir) == digests(follower_dir)
+    assert len(list(leader_dir.glob("*.log"))) == 2
+    assert seen(admin) == [b"v%d" % i for i in range(12)]
+
+    second, moved = tmp_path / "second", tmp_path / "second-away"
+    second.rename(moved)                                  # the follower leaves the ISR
+    clock.ms += 2 * LAG_MS
+    rep.tick()
+    assert rep_state(admin)["isr"] == ["logdir-0"]
+    for i in range(12, 20):
+        produce(admin, 1, i)
+    done = merge_segments(admin.cluster, lag_ms=0, delay_ms=0)   # on the leader alone
+    assert done[0].merged[0][:2] == [0, 19]
+    moved.rename(second)
+    for _ in range(3):
+        rep.tick()
+    assert rep_state(admin)["isr"] == ["logdir-0", "logdir-1"]
+    assert digests(leader_dir) == {k: v for k, v in digests(follower_dir).items()
+                                   if k[:20] in {n[:20] for n in digests(leader_dir)}}
+    assert (follower_dir / "00000000000000000000.log").read_bytes() == \
+        (leader_dir / "00000000000000000000.log").read_bytes()
+    assert seen(admin) == [b"v%d" % i for i in range(20)]

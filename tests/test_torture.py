@@ -394,7 +394,7 @@ def _torture(root, out, rng, admin, children, t0):
     cluster = admin.cluster
     killable = {"writer0": ("writer", TIMEOUT_MS), "writer1": ("writer", TIMEOUT_MS),
                 "writer2": ("writer", TIMEOUT_MS), "staller": ("staller", TIMEOUT_MS),
-                "deleter": ("deleter",), "retainer": ("retainer",)}
+                "deleter": ("deleter",), "retainer": ("retainer",), "merger": ("merger",)}
     writers = set(killable)
     for name, (mode, *extra) in killable.items():
         children.start(name, mode, *extra)
@@ -480,6 +480,9 @@ def _torture(root, out, rng, admin, children, t0):
     deletes = Counter(m["deleted"][4] or "ok" for _, m in children.outputs("deleter")
                       if "deleted" in m)
     trims = sum(len(m["retention"]) for _, m in children.outputs("retainer") if "retention" in m)
+    merges = sum(len(runs) for _, m in children.outputs("merger") for _, _, runs, _ in
+                 m.get("merged", []))
+    covered = sum(n for _, m in children.outputs("merger") for *_, n in m.get("merged", []))
     ops, expired_aborts = metadata_stats(root)
     visible = sum(len(r) for r in final.values())
     print(f"\n[torture] seed {SEED}, scale {SCALE}: {ROUNDS} rounds in "
@@ -493,7 +496,8 @@ def _torture(root, out, rng, admin, children, t0):
           f"expiry; staller: {reserved} reservations, {fenced} commits fenced; {open_at_end} txns "
           f"open at the end holding back {held_back} partitions ({held_back_acks} acknowledged "
           f"records above their high watermark until cleanup); delete-records {dict(deletes)}; "
-          f"{trims} retention trims; cleanup removed {len(removed['segments'])} segments; "
+          f"{trims} retention trims; {merges} segment merges, {covered} covered segments "
+          f"deleted; cleanup removed {len(removed['segments'])} segments; "
           f"{dumped} files passed dump --index-sanity-check")
     print(f"[torture] tailer: {tail_stats['records']} records in {tail_stats['R']} reads, "
           f"{tail_stats['jumps']} jumps after OffsetOutOfRangeError; child errors {dict(errors)}")
@@ -501,6 +505,7 @@ def _torture(root, out, rng, admin, children, t0):
     assert not problems, f"{len(problems)} problems:\n" + "\n".join(problems[:40])
     assert len(acked) > 200 * SCALE, "the writers barely ran: the test would prove nothing"
     assert expired_aborts > 0, "no reservation expired: the expiry path was not exercised"
+    assert merges > 0, "no segment merge published: the merge path was not exercised"
     assert sum(children.kills.values()) >= 10 * SCALE
 
 

@@ -15,6 +15,7 @@ import sys
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
+from ..cluster.config import CLIENT_SETTINGS as _CLIENT_OPTIONS
 from ..errors import InvalidConfigError
 
 OUTPUT_HELP = ("Output: an aligned table; with --json one JSON object per line (one per table "
@@ -47,7 +48,6 @@ def _local_path(url: str) -> Optional[str]:
     return None
 
 
-_CLIENT_OPTIONS = ("transaction_timeout_ms", "snapshot_interval", "principal")
 
 
 def cluster_options(args) -> dict:

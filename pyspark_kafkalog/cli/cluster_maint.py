@@ -191,7 +191,8 @@ def run_cleanup(args) -> int:
     except OfflineLogDirError as exc:   # the other log dirs were cleaned: shown, then the error
         removed, offline = exc.done, exc
     # an unknown dir is one cleanup cannot prove is a deleted topic's: it is kept and shown
-    kinds = {"segments": "segment", "dirs": "dir", "temp": "temp", "unknown_dirs": "kept-unknown"}
+    kinds = {"segments": "segment", "dirs": "dir", "temp": "temp", "unknown_dirs": "kept-unknown",
+             "merged": "merged", "covered": "covered", "metadata": "metadata"}
     rows = [{"kind": kinds.get(k, k), "path": path}
             for k, paths in removed.items() for path in paths]
     emit_rows(args, CLEANUP_COLUMNS, rows)

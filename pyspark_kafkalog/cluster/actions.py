@@ -328,6 +328,29 @@ class CompleteReassignment(Action):
         {"partition_epoch": (check_int, True)})))
 
 
+def check_merge_run(v) -> Optional[str]:
+    if not isinstance(v, list) or len(v) != 4:
+        return f"expected [base, end, segments, size], got {v!r:.60}"
+    return list_of(check_int)(v)
+
+
+@dataclass(frozen=True)
+class MergeSegments(Action):
+    """Runs of adjacent committed segments of one partition merged into one each (reader
+    feature ``segmentMerge``, docs/protocol.md §4.1). ``after``: the seq of the partition's
+    previous applied merge (-1: none) the merger planned on, so that two mergers of one
+    partition cannot both publish; ``runs``: ``[base, end, segments, size]`` (the merged
+    segment's name, one past its last offset, how many segment files it replaces, the bytes
+    of its .log); ``log_dirs``: the replicas whose files it replaces, leader first."""
+    OP: ClassVar[str] = "merge_segments"
+    topic: str = spec(check_str)
+    topic_id: str = spec(check_str)
+    partition: int = spec(check_int)
+    after: int = spec(check_int)
+    runs: List[list] = spec(list_of(check_merge_run))
+    log_dirs: List[str] = spec(list_of(check_str))
+
+
 @dataclass(frozen=True)
 class ClientQuotaChange(Action):
     """Byte-rate quotas of a client id or the default entity (KIP-13): reader feature

@@ -51,7 +51,8 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
     they were most of a 1,000-partition job's commit (docs/spark-write.md).
 
     A commit (``written`` given) in a cluster of more than ``INLINE_CHECKPOINT_MAX_PARTITIONS``,
-    or over more than ``INLINE_CHECKPOINT_MAX_WRITTEN`` partitions, rewrites nothing. Why the
+    or over more than ``INLINE_CHECKPOINT_MAX_WRITTEN`` partitions, or on a remote store
+    (``Storage.remote``: S3, GCS), rewrites nothing. Why the
     epochs may lag with the recovery point: a log dir of ours has no clean-shutdown marker, so
     Kafka loading it recovers every segment from the ``recovery-point-offset-checkpoint`` on
     and assigns the epochs it finds in their batches (LogLoader, ``LogSegment.recover``); an
@@ -65,6 +66,8 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
     (``Storage.flush``), so the high watermark it writes there is durable; the replicator,
     whose passes come every few hundred ms, leaves it. Kafka moves its recovery point by
     flushing too."""
+    if written is not None and cluster.storage.remote:
+        return {}   # each file a priced request per commit: maintenance writes them
     if log_dir_files is None:
         total = sum(info["partitions"] for info in state.topics.values())
         log_dir_files = total <= INLINE_CHECKPOINT_MAX_PARTITIONS

@@ -19,7 +19,7 @@ from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidConfigError
                       StorageNotFoundError, UnknownTopicOrPartitionError,
                       UnsupportedVersionError, error_for)
 from ..format.checkpoint import new_topic_id, validate_topic_name
-from ..log.config import FLUSH_CONFIGS, LogConfig
+from ..log.config import LogConfig
 from ..log.logdir import LogDir
 from ..log.partition import PartitionLog
 from ..log.segment import ReadStats
@@ -27,10 +27,10 @@ from ..storage import open_storage
 from ..storage.mounts import MountedStorage
 from . import actions as A
 from . import log_dirs as L
-from .features import FLUSH_CONFIGS as FLUSH_FEATURE, check_writable, known as known_features
+from .features import CONFIG_FEATURES, check_writable, known as known_features
 from .garbage import is_deleted_topic_dir
 from .isr import effective_min_isr, leader_of, replica_end
-from .metalog import META_DIR, MetadataLog, entry_name
+from .metalog import DEFAULT_METADATA_RETENTION_MS, META_DIR, MetadataLog, entry_name
 from .state import ClusterState, PartitionState
 
 CLUSTER_FILE = f"{META_DIR}/cluster.json"
@@ -82,6 +82,7 @@ class Cluster:
     def __init__(self, url: str, *, create: bool = True, principal: Optional[str] = None,
                  transaction_timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS,
                  clock: Callable[[], float] = time.time, snapshot_interval: int = 50,
+                 metadata_max_retention_ms: int = DEFAULT_METADATA_RETENTION_MS,
                  shared_state: bool = False, **storage_options):
         """``shared_state``: start from (and add to) the metadata state this process replayed
         before for this cluster (``metalog._SHARED``), for processes that open the same cluster
@@ -99,7 +100,8 @@ class Cluster:
         self.clock = clock
         self._clock_offset: Optional[Tuple[float, float]] = None   # (storage - ours ms, when)
         self._reserved_ms: Dict[str, float] = {}   # txn -> mtime of its reserve entry (immutable)
-        self.metalog = MetadataLog(self.storage, snapshot_interval=snapshot_interval, clock=clock)
+        self.metalog = MetadataLog(self.storage, snapshot_interval=snapshot_interval, clock=clock,
+                                   retention_ms=metadata_max_retention_ms)
         self.meta = self._load_or_create(create)
         if shared_state:
             self.metalog.share_key = (url, self.meta["cluster_id"])
@@ -270,20 +272,24 @@ class Cluster:
         L.check_min_insync_replicas(configs, replication_factor)
         topic_id = new_topic_id()
         self._remove_leftovers(topic, partitions)
-        self._enable_flush_configs(configs, state)
+        self._enable_config_features(configs, state)
         self.submit_one(A.CreateTopic(topic=topic, topic_id=topic_id, partitions=partitions,
                                       replicas=replicas, configs=configs))
         self._write_partition_metadata(topic_id, [self.partition_dir(topic, p, replicas[p][0])
                                                   for p in range(partitions)])
         return self.describe_topic(topic)
 
-    def _enable_flush_configs(self, configs: Dict[str, str],
-                              state: Optional[ClusterState] = None) -> None:
-        """The first topic config flush.messages or flush.ms turns its feature on, in an entry
-        of its own before the one that sets it (docs/protocol.md §2.3)."""
-        if any(k in FLUSH_CONFIGS for k in configs) \
-                and FLUSH_FEATURE not in (state or self.state()).reader_features:
-            self.submit_one(A.EnableFeatures(reader_features=[FLUSH_FEATURE]))
+    def _enable_config_features(self, configs: Dict[str, str],
+                                state: Optional[ClusterState] = None) -> None:
+        """The first topic config that needs a feature (flush.messages, flush.ms,
+        segment.merge.lag.ms) turns it on, in an entry of its own before the one that sets it
+        (docs/protocol.md §2.3)."""
+        needed = sorted({CONFIG_FEATURES[k] for k in configs if k in CONFIG_FEATURES})
+        if needed:
+            have = (state or self.state()).reader_features
+            missing = [f for f in needed if f not in have]
+            if missing:
+                self.submit_one(A.EnableFeatures(reader_features=missing))
 
     def _write_partition_metadata(self, topic_id: str, dirs: List[str]) -> None:
         """One ``partition.metadata`` per partition, many at a time: each is an atomic replace
@@ -332,7 +338,7 @@ class Cluster:
         if info is not None and info["replicas"]:
             L.check_min_insync_replicas(set_configs, len(info["replicas"][0]))
         LogConfig.from_properties(set_configs)   # bad input changes nothing, not even features
-        self._enable_flush_configs(set_configs)
+        self._enable_config_features(set_configs)
         self.submit_one(A.AlterConfigs(topic=topic, set=set_configs, delete=list(delete or [])))
         return self.describe_topic(topic)
 

@@ -11,9 +11,14 @@ from ..errors import InvalidConfigError
 from ..format.checkpoint import parse_properties
 
 _INT_KEYS = {"transaction.timeout.ms": "transaction_timeout_ms",
-             "kafkalog.snapshot.interval": "snapshot_interval"}
+             "kafkalog.snapshot.interval": "snapshot_interval",
+             "metadata.max.retention.ms": "metadata_max_retention_ms"}
+#: settings that may be 0 (the others must be at least 1)
+_ZERO_OK = {"metadata.max.retention.ms"}
 _STR_KEYS = {"kafkalog.principal": "principal"}
 STORAGE_PREFIX = "storage."
+#: the ``Cluster`` keyword arguments that are this client's settings, not storage options
+CLIENT_SETTINGS = tuple(_INT_KEYS.values()) + tuple(_STR_KEYS.values())
 
 
 def cluster_options(props: Dict[str, str]) -> Dict[str, Any]:
@@ -25,8 +30,9 @@ def cluster_options(props: Dict[str, str]) -> Dict[str, Any]:
                 out[_INT_KEYS[key]] = int(value)
             except ValueError:
                 raise InvalidConfigError(f"{key} must be an integer, got {value!r}") from None
-            if out[_INT_KEYS[key]] < 1:
-                raise InvalidConfigError(f"{key} must be >= 1, got {value!r}")
+            least = 0 if key in _ZERO_OK else 1
+            if out[_INT_KEYS[key]] < least:
+                raise InvalidConfigError(f"{key} must be >= {least}, got {value!r}")
         elif key in _STR_KEYS:
             out[_STR_KEYS[key]] = value
         elif key.startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):

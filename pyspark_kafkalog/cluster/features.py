@@ -28,6 +28,8 @@ REPLICATION = "replication"
 CLIENT_QUOTAS = "clientQuotas"
 #: the topic configs flush.messages and flush.ms (§3, "Durability")
 FLUSH_CONFIGS = "flushConfigs"
+#: merge_segments actions and the topic config segment.merge.lag.ms (§4.1)
+SEGMENT_MERGE = "segmentMerge"
 
 #: name -> what it means; the features this client implements
 READER_FEATURES: Dict[str, str] = {
@@ -43,7 +45,14 @@ READER_FEATURES: Dict[str, str] = {
                    "enforced by the coordinator",
     FLUSH_CONFIGS: "the topic configs flush.messages and flush.ms: which writes are made durable "
                    "before their commit, and the coordinator's scheduled flush",
+    SEGMENT_MERGE: "merge_segments actions and the topic config segment.merge.lag.ms: runs of "
+                   "adjacent committed segments merged into one that replaces the first's files "
+                   "and covers the others until they are deleted; readers step over them",
 }
+#: the topic configs a cluster stores only once a feature is on: an older client would fail to
+#: parse the topic's configs, or ignore what they ask of it (§2.3)
+CONFIG_FEATURES: Dict[str, str] = {"flush.messages": FLUSH_CONFIGS, "flush.ms": FLUSH_CONFIGS,
+                                   "segment.merge.lag.ms": SEGMENT_MERGE}
 WRITER_FEATURES: Dict[str, str] = {}
 
 

@@ -23,6 +23,7 @@ from .checkpoints import sync_checkpoints
 from .garbage import SEGMENT_SUFFIXES, is_deleted_topic_dir, is_garbage_segment
 from .isr import leader_of
 from .log_dirs import noting_offline
+from .segment_merges import PartitionMerges, merge_step
 from .state import ClusterState, split_key, tp_key
 
 TopicPartition = Tuple[str, int]
@@ -160,8 +161,12 @@ def _delete_step(cluster, state: ClusterState, items: List[TopicPartition],
         with noting_offline(offline, leader):
             if planned:
                 d = cluster.partition_dir(topic, partition, state=state)
+                lso = state.partition(topic, partition).log_start_offset
                 for base in planned.get((topic, partition), ()):
-                    LogSegment(cluster.storage, d, base).delete()
+                    seg = LogSegment(cluster.storage, d, base)
+                    if not _below(seg, lso):
+                        continue   # a merged segment reaching past it: Kafka's rule keeps it
+                    seg.delete()
                     deleted.add(base)
             deleted.update(delete_below_log_start(cluster, state, topic, partition))
         if offline:
@@ -192,16 +197,21 @@ def delete_below_log_start(cluster, state: ClusterState, topic: str, partition: 
                            logdir: Optional[str] = None) -> List[int]:
     """Kafka's rule over the visible segments: a segment goes when the next one's base offset
     is <= the log start offset; the newest one never goes this way. ``logdir``: in that
-    replica's directory (default: the leader's)."""
+    replica's directory (default: the leader's).
+
+    A merged segment whose covered segments are still listed (docs/protocol.md §4.1) may
+    reach past the next one's base: it goes only if its data ends at or below the log start
+    offset too, else a merge pass could delete its covered segments (their data being in it)
+    just as this deletes it, and take offsets at or above the log start offset with them."""
     ps = state.partition(topic, partition)
     segs = _segments(cluster, state, topic, partition, logdir)
     deleted = []
     for seg, nxt in zip(segs, segs[1:]):
-        if nxt.base_offset <= ps.log_start_offset:
+        if nxt.base_offset > ps.log_start_offset:
+            break
+        if _below(seg, ps.log_start_offset):
             seg.delete()
             deleted.append(seg.base_offset)
-        else:
-            break
     # segments no longer visible at all (their committed range now lies wholly below the log
     # start offset) go too; nothing at or above the log start offset is touched
     d = cluster.partition_dir(topic, partition, logdir, state=state)
@@ -211,9 +221,23 @@ def delete_below_log_start(cluster, state: ClusterState, topic: str, partition: 
         if m and m.group(2) == "log":
             base = int(m.group(1))
             if base < ps.log_start_offset and base not in visible and base not in deleted:
-                LogSegment(cluster.storage, d, base).delete()
+                seg = LogSegment(cluster.storage, d, base)
+                if not ps.is_aborted(base) and not _below(seg, ps.log_start_offset):
+                    continue   # never judged garbage by its base alone if it holds live data
+                seg.delete()
                 deleted.append(base)
     return sorted(deleted)
+
+
+def _below(seg: LogSegment, log_start_offset: int) -> bool:
+    """Whether every offset of ``seg`` is below ``log_start_offset``: the next listed base
+    says so for a segment as written; a merged one may reach further (its ``.log`` is larger
+    than its successors' starts imply), so its end is read when it could. A segment that
+    cannot be read is kept."""
+    try:
+        return seg.next_offset() <= log_start_offset
+    except KafkaLogError:
+        return False
 
 
 def _check_offsets(offsets: Mapping[TopicPartition, int]
@@ -427,11 +451,38 @@ def _apply(cluster, plans: List[RetentionPlan], fan_out: FanOut
     return state, skipped, offline
 
 
-def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str, List[str]]:
+def merge_segments(cluster, *, partitions: Optional[Sequence[TopicPartition]] = None,
+                   lag_ms: Optional[int] = None, delay_ms: Optional[int] = None,
+                   offline: Optional[Dict[str, str]] = None,
+                   fan_out: FanOut = serial) -> List[PartitionMerges]:
+    """A pass of segment merges (docs/protocol.md §4.1) over every partition, or
+    ``partitions``, fanned out as ``fan_out`` does (a Spark task per group of partitions in
+    ``jobs/merge_segments.py``). ``lag_ms``/``delay_ms`` override the topics'
+    ``segment.merge.lag.ms``/``file.delete.delay.ms``. ``offline``: log dirs known to be away
+    (skipped), to which those found away now are added."""
+    cluster.check_writable()
+    state = cluster.state()
+    tps = list(partitions) if partitions is not None else cluster.partitions(state)
+    offline = {} if offline is None else offline
+    results = fan_out(tps, PartitionWork(merge_step, cluster, state,
+                                         (lag_ms, delay_ms, sorted(offline))))
+    for m in results:
+        if m.offline is not None:
+            offline.setdefault(*m.offline)
+    return [m for m in results if m.offline is None]
+
+
+def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0,
+                    merge_lag_ms: Optional[int] = None,
+                    file_delete_delay_ms: Optional[int] = None) -> Dict[str, List[str]]:
     """Remove what dead, aborted or fenced writers left (docs/protocol.md, §7).
 
     Garbage is only what the metadata names as such: segments in an aborted range, segments below
-    the log start offset (Kafka's rule), and the directories of a deleted topic. Committed data is
+    the log start offset (Kafka's rule), the directories of a deleted topic, and the metadata
+    log's own entries and snapshots below its newest verified snapshot once older than
+    ``metadata.max.retention.ms``. It also runs a pass of segment merges (``segment_merges``):
+    ``merge_lag_ms`` and ``file_delete_delay_ms`` override the topics' ``segment.merge.lag.ms``
+    and ``file.delete.delay.ms`` for it. Committed data is
     never garbage, whatever the high watermark is: a segment committed above a high watermark that
     an older open reservation holds back is committed, only not visible yet. Nothing is deleted
     because the state merely lacks it (a snapshot, a listing or a replay can be behind).
@@ -446,7 +497,8 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
     cluster.check_writable()
     cluster.abort_expired()
     state = cluster.state()
-    removed: Dict[str, List[str]] = {"segments": [], "dirs": [], "temp": [], "unknown_dirs": []}
+    removed: Dict[str, List[str]] = {"segments": [], "dirs": [], "temp": [], "unknown_dirs": [],
+                                     "merged": [], "covered": [], "metadata": []}
     listed: Dict[str, List[str]] = {}
     offline: Dict[str, str] = {}
     for logdir in cluster.logdirs:
@@ -462,6 +514,14 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0) -> Dict[str
         with noting_offline(offline, logdir):
             _clean_log_dir(cluster, state, after, logdir, listed[logdir], live_dirs, removed,
                            temp_file_max_age_s)
+    # runs of small segments merged, and the segments earlier merges cover deleted (§4.1)
+    for m in merge_segments(cluster, lag_ms=merge_lag_ms, delay_ms=file_delete_delay_ms,
+                            offline=offline):
+        removed["merged"] += [f"{cluster.partition_dir(m.topic, m.partition, state=after)}/"
+                              f"{run[0]:020d}" for run in m.merged]
+        removed["covered"] += m.deleted
+    # the metadata log below its newest verified snapshot, past metadata.max.retention.ms (§2)
+    removed["metadata"] += cluster.metalog.cleanup()
     reachable = [tp for tp in cluster.partitions(state)
                  if leader_of(state.partition(*tp), state.topics[tp[0]]["replicas"][tp[1]])
                  not in offline]

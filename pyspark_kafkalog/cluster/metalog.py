@@ -33,6 +33,14 @@ DEFAULT_SNAPSHOT_INTERVAL = 50
 #: that opens the cluster, and a Spark job opens it in fresh processes twice (docs/protocol.md §2)
 SNAPSHOT_REPLAY_CHANGES = 20_000
 MAX_APPEND_ATTEMPTS = 1000
+#: Kafka KRaft's ``metadata.max.retention.ms``, with kafkalog's default of an hour: how long
+#: cleanup keeps entries and snapshots below the newest verified snapshot (docs/protocol.md §2)
+DEFAULT_METADATA_RETENTION_MS = 3_600_000
+#: a warm process follows the log by number (no listing) for at most this long after it last
+#: listed it, and never for more than a sixth of its retention (docs/protocol.md §2, "Following
+#: the log"): entries cleaned up while it was not looking cannot be told from entries not yet
+#: written
+MAX_FOLLOW_WITHOUT_LISTING_S = 600.0
 
 
 #: States replayed in this process, for the logs that opt in (``share_key``): Spark runs many
@@ -62,9 +70,14 @@ class MetadataLog:
     """Replays and appends the metadata log; caches the state it has replayed (only a cache)."""
 
     def __init__(self, storage, *, snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
-                 writer_id: Optional[str] = None, clock: Callable[[], float] = time.time):
+                 writer_id: Optional[str] = None, clock: Callable[[], float] = time.time,
+                 retention_ms: int = DEFAULT_METADATA_RETENTION_MS):
         self.storage = storage
         self.snapshot_interval = snapshot_interval
+        self.retention_ms = retention_ms
+        #: ``time.monotonic()`` before the last listing of the log: until
+        #: :attr:`follow_window_s` after it, :meth:`state` follows the log by number
+        self._listed_at: Optional[float] = None
         self.writer_id = writer_id or new_writer_id()
         self.clock = clock
         self._state: Optional[ClusterState] = None
@@ -76,16 +89,24 @@ class MetadataLog:
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
+    @property
+    def follow_window_s(self) -> float:
+        return min(MAX_FOLLOW_WITHOUT_LISTING_S, self.retention_ms / 6000.0)
+
+    def _may_follow(self) -> bool:
+        return (self._state is not None and self._listed_at is not None
+                and time.monotonic() - self._listed_at < self.follow_window_s)
+
     # -- reading ------------------------------------------------------------------------------
 
     def _listing(self) -> Tuple[List[int], List[int]]:
         entries, snapshots = [], []
-        for info in self.storage.list(LOG_DIR):
-            m = _ENTRY.match(info.name)
+        for name in self.storage.list_names(LOG_DIR):
+            m = _ENTRY.match(name)
             if m:
                 entries.append(int(m.group(1)))
                 continue
-            m = _SNAPSHOT.match(info.name)
+            m = _SNAPSHOT.match(name)
             if m:
                 snapshots.append(int(m.group(1)))
         return sorted(entries), sorted(snapshots)
@@ -133,11 +154,18 @@ class MetadataLog:
     def state(self, refresh: bool = True, *, replay_only: bool = False) -> ClusterState:
         """The state after the newest entry (replaying only what we have not seen yet).
 
+        A warm process that listed the log recently follows it by number (:meth:`poll`): one
+        read per new entry plus one that finds nothing, whatever the log's length. Only a cold
+        open, or one that has not listed for :attr:`follow_window_s`, lists it.
+
         ``replay_only``: replay entries from the cached state rather than jump to a newer
         snapshot, which holds no per-action results: a writer reads its own entry's outcome."""
         if self._state is not None and not refresh:
             return self._state
+        if self._may_follow():
+            return self.poll()[0]
         state = self._state
+        listed_at = time.monotonic()
         entries, snapshots = self._listing()
         if state is None and self.share_key is not None:
             state = self._state = self._shared_state(entries)
@@ -159,6 +187,7 @@ class MetadataLog:
             if seq > state.seq:
                 self._catch_up(state, seq)
         self._state = state
+        self._listed_at = listed_at
         self._share(state)
         return state
 
@@ -195,7 +224,7 @@ class MetadataLog:
         whole log. Entries are numbered densely and created in order, so the entries after
         ``seq`` are ``seq + 1``, ``seq + 2``, ... up to the first that does not exist: one read
         per new entry plus one that finds nothing. What this cannot see is an entry cleaned up
-        before it was read (cleanup keeps entries for an hour and above the second-newest
+        before it was read (cleanup keeps entries for an hour and above the newest verified
         snapshot): a caller that has not polled for a long time takes :meth:`state` instead.
 
         ``base``: replay from this state (the caller's own) rather than from the cached one,
@@ -258,7 +287,9 @@ class MetadataLog:
         it. The caller reads its actions' outcomes from ``state.results[seq]``. A client that
         lacks a writer feature the cluster uses refuses here, before writing anything."""
         actions = [a.to_json() if isinstance(a, Action) else a for a in actions]
-        state = self.state()
+        # a warm process appends on the state it holds: a newer entry makes the create fail,
+        # and only then is the log read (one request saved per append on an object store)
+        state = self._state if self._may_follow() else self.state()
         for _attempt in range(MAX_APPEND_ATTEMPTS):
             check_writable(state.writer_features, "append to the metadata log")
             seq = state.seq + 1
@@ -295,18 +326,42 @@ class MetadataLog:
             return
         snaps.write(self.storage, LOG_DIR, snapshot_name(state.seq), state, entry)
 
-    def cleanup(self, *, min_age_ms: int = 3_600_000) -> List[str]:
-        """Delete entries and snapshots older than the second-newest snapshot (and old enough)."""
+    def newest_verified_snapshot(self, snapshots: List[int], entries: List[int]
+                                 ) -> Optional[int]:
+        """The newest snapshot that proves itself whole (checksum, entry hash, every part):
+        the one a cold open would start from, so everything before it may go."""
+        for seq in reversed(snapshots):
+            if entries and seq > entries[-1]:
+                continue
+            try:
+                snap = self._read_json(snapshot_name(seq))
+                if snaps.verified(snap, seq, self._entry_bytes(seq)):
+                    snaps.load(self.storage, LOG_DIR, snap)   # its parts, by their hashes
+                    return seq
+            except (CorruptRecordError, StorageNotFoundError):
+                continue
+        return None
+
+    def cleanup(self, *, min_age_ms: Optional[int] = None) -> List[str]:
+        """Delete entries and snapshots below the newest verified snapshot, and the parts no
+        kept snapshot names, once older than ``min_age_ms`` (default: this client's
+        ``metadata.max.retention.ms``) on the storage's clock (docs/protocol.md §2, "Cleanup").
+
+        Entries go in ascending order, so that an entry still on storage proves that none after
+        it was cleaned up (a follower that finds its own newest entry is not behind a cleanup).
+        The snapshot's own entry stays: it proves the snapshot (``entry_sha256``)."""
+        min_age_ms = self.retention_ms if min_age_ms is None else min_age_ms
         entries, snapshots = self._listing()
-        if len(snapshots) < 2:
+        keep_from = self.newest_verified_snapshot(snapshots, entries)
+        if keep_from is None:
             return []
-        keep_from = snapshots[-2]
         now = self.storage.clock(LOG_DIR)   # compared with the files' mtimes: their clock
         removed = []
         for seq in entries:
-            if seq <= keep_from and self._old_enough(entry_name(seq), now, min_age_ms):
-                self.storage.delete(entry_name(seq))
-                removed.append(entry_name(seq))
+            if seq >= keep_from or not self._old_enough(entry_name(seq), now, min_age_ms):
+                break   # ascending, and never past one that must stay
+            self.storage.delete(entry_name(seq))
+            removed.append(entry_name(seq))
         for seq in snapshots:
             if seq < keep_from and self._old_enough(snapshot_name(seq), now, min_age_ms):
                 self.storage.delete(snapshot_name(seq))

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple
 #: a range's start: the key its lookups bisect on, without building a list of starts per
 #: lookup (a read asks once per segment, and a partition keeps a range per job)
 _start = itemgetter(0)
+_end = itemgetter(1)
 
 
 def tp_key(topic: str, partition: int) -> str:
@@ -108,6 +109,38 @@ class PartitionState:
         watermark below it: committed is not the same as visible (docs/protocol.md §7)."""
         i = bisect.bisect_right(self.committed, offset, key=_start) - 1
         return i >= 0 and offset < self.committed[i][1]
+
+    def committed_from(self, offset: int, keep_stretch: bool) -> List[list]:
+        """The committed ranges a log start offset of ``offset`` leaves: those that end past
+        it. ``keep_stretch`` (feature ``segmentMerge``, docs/protocol.md §4.1): the first of
+        them starts where its gapless stretch of committed data starts, so that a merged
+        segment whose base lies in a range now below the log start offset, and whose data
+        reaches past it, stays visible by its base (§4). Offsets below the log start offset
+        are not visible either way, and epochs start at it (``visible_ranges``); one range is
+        kept, so the state does not grow with the stretch."""
+        c = self.committed
+        i = bisect.bisect_right(c, offset, key=_end)
+        kept = c[i:]
+        if not keep_stretch or not kept or i == 0 or c[i - 1][1] != kept[0][0]:
+            return list(kept)
+        j = i - 1
+        while j > 0 and c[j - 1][1] == c[j][0]:
+            j -= 1
+        return [[c[j][0], kept[0][1], kept[0][2]]] + kept[1:]
+
+    def contiguous_committed_end(self, offset: int) -> int:
+        """Where the committed data from ``offset`` on stops without a gap: the end of the
+        committed range holding it, carried on through the ranges that begin where the one
+        before ends (writes of other epochs); ``offset`` itself if it is not committed."""
+        i = bisect.bisect_right(self.committed, offset, key=_start) - 1
+        if i < 0 or offset >= self.committed[i][1]:
+            return offset
+        end = self.committed[i][1]
+        for start, e, _epoch in self.committed[i + 1:]:
+            if start != end:
+                break
+            end = e
+        return end
 
     def in_open_range(self, offset: int) -> bool:
         return any(r[0] <= offset < r[1] for r in self.open.values())

@@ -140,9 +140,12 @@ class Producer:
         return out
 
     def write(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]],
-              spools: Optional[Mapping[TopicPartition, "SegmentSpool"]] = None) -> PendingWrite:
+              spools: Optional[Mapping[TopicPartition, "SegmentSpool"]] = None, *,
+              state=None) -> PendingWrite:
         """Reserve offsets for every partition in one entry, then write their segments.
 
+        ``state``: the caller's fresh state, read for this write (a warm produce reads the
+        metadata log once, not once per step)
         ``spools``: partitions whose batches are already in temp files
         (``log.segment_spool``); they are published instead of written, unless they no longer
         match (another partition dir or segment size by now), and are discarded either way."""
@@ -152,7 +155,7 @@ class Producer:
         try:
             if not batches:
                 raise InvalidRecordError("nothing to write")
-            state = cluster.state()
+            state = cluster.state() if state is None else state
             check_sizes(state, batches)
         except BaseException:
             for spool in spools.values():
@@ -309,7 +312,7 @@ class Producer:
                                            compression=compression, batch_records=batch_records,
                                            state=state)
                    for p, idxs in by_partition.items()}
-        offsets = self.send(batches)
+        offsets = self.send(batches, state=state)
         out: List[Tuple[int, int]] = [(-1, -1)] * len(chosen)
         for p, idxs in by_partition.items():
             first = offsets[(topic, p)][0]
@@ -317,10 +320,10 @@ class Producer:
                 out[i] = (p, first + j)
         return out
 
-    def send(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]]
+    def send(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]], *, state=None
              ) -> Dict[TopicPartition, Tuple[int, int]]:
         """Reserve, write and commit in one call; returns (first, last) offset per partition."""
-        pending = self.write(batches)
+        pending = self.write(batches, state=state)
         self.commit([pending])
         if self.quota is not None:
             self.quota.produced(sum(len(b.data) for bs in batches.values() for b in bs))

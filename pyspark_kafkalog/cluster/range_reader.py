@@ -298,7 +298,9 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
     consts = _Constants(handle.topic, handle.partition)
     segments = log.segments
     i = log.segment_for(offset) or 0
-    relisted = handle.segments is None   # opened from the planner's listing until a miss
+    # looked at again after a miss (a merge's covered segment, retention): once per missing
+    # file, so a listing that keeps naming a file that is gone ends as data loss
+    missed = set()
     position = None   # where the next entry of segments[i] starts, once a chunk was read there
     last_offset = None   # the last offset of the chunk read before, at position
     while offset < end:
@@ -322,8 +324,8 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
             chunk = _read_chunk(seg, offset, end, max_bytes, position, handle.immutable,
                                 last_offset)
         except StorageNotFoundError:
-            if not relisted:   # the planner's listing is stale: look again before judging
-                relisted = True
+            if seg.base_offset not in missed:   # the listing is stale: look again first
+                missed.add(seg.base_offset)
                 log.refresh()
                 segments = log.segments
                 i, position = log.segment_for(offset) or 0, None

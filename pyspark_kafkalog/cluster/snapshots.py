@@ -21,7 +21,10 @@ from .state import PARTITIONS_PER_PART, ClusterState, tp_key
 
 MANIFEST_VERSION = 3
 INLINE = ("txns", "decided", "acls", "deleted_topics", "sinks", "reader_features",
-          "writer_features", "coordinator", "log_dirs", "client_quotas")
+          "writer_features", "coordinator", "log_dirs", "client_quotas", "segment_merges")
+#: inline fields newer than version 3's first clients: left out while empty, so a cluster that
+#: does not use them writes the manifests it wrote before
+OMITTED_WHEN_EMPTY = ("segment_merges",)
 
 
 def _canonical(obj) -> bytes:
@@ -98,7 +101,8 @@ def write(storage, log_dir: str, path: str, state: ClusterState, entry_bytes: by
                 pass
     body = {"version": MANIFEST_VERSION, "seq": state.seq, "timestamp": state.timestamp,
             "parts": parts,
-            **{k: getattr(state, k) for k in INLINE if getattr(state, k) is not None}}
+            **{k: getattr(state, k) for k in INLINE if getattr(state, k) is not None
+               and (k not in OMITTED_WHEN_EMPTY or getattr(state, k))}}
     data = seal(body, entry_bytes)
     try:
         storage.create_if_absent(path, data)

@@ -45,6 +45,7 @@ from . import actions as A
 from .acks import submit_commit, wait_for_replicas
 from .checkpoints import sync_checkpoints, written_ranges
 from .cluster import CLUSTER_FILE, Cluster
+from .config import CLIENT_SETTINGS
 from .features import STREAMING_SINK
 from .producer import PendingWrite, Producer, all_flushed
 from .state import split_key
@@ -84,7 +85,7 @@ def open_cluster_for_write(path: str, *, create: bool = False, **kwargs) -> Clus
         raise InvalidConfigError(f"{path} does not exist; it must be a kafkalog cluster root "
                                  "(set createTopic=true to create one)")
     storage_opts = {k: v for k, v in kwargs.items()
-                    if k not in ("transaction_timeout_ms", "principal", "snapshot_interval")}
+                    if k not in CLIENT_SETTINGS}
     storage = open_storage(path, **storage_opts)
     if not storage.exists(CLUSTER_FILE):
         if looks_like_kafka_logdir(storage):

@@ -18,13 +18,14 @@ from typing import Dict, List, Optional, Set
 from ..errors import (CorruptRecordError, InvalidConfigError, InvalidTopicError,
                       UnsupportedVersionError)
 from ..format.checkpoint import colliding_topics, validate_topic_name
-from ..log.config import FLUSH_CONFIGS as FLUSH_KEYS, LogConfig
+from ..log.config import LogConfig
 from . import actions as A
 from . import isr as R
 from .replication_replay import ReplicationReplay
 from . import quotas as Q
-from .features import (CLIENT_QUOTAS, COORDINATOR_LEASE, FLUSH_CONFIGS, LOG_DIR_REGISTRY,
-                       REPLICATION, STREAMING_SINK, check_readable, unknown_features)
+from .features import (CLIENT_QUOTAS, CONFIG_FEATURES, COORDINATOR_LEASE, LOG_DIR_REGISTRY,
+                       REPLICATION, SEGMENT_MERGE, STREAMING_SINK, check_readable,
+                       unknown_features)
 from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
 from .snapshot_shape import check_snapshot
@@ -64,6 +65,9 @@ class ClusterState(ReplicationReplay):
         self.log_dirs: Dict[str, dict] = {}
         #: client quotas (§12): entity -> {config: value}. Never changed in place.
         self.client_quotas: Dict[str, Dict[str, str]] = {}
+        #: per partition key, the seq of its last applied merge_segments (§4.1): what the
+        #: next merge of that partition must have planned on. Never changed in place.
+        self.segment_merges: Dict[str, int] = {}
         self.reader_features: List[str] = []
         self.writer_features: List[str] = []
         self.results: Dict[int, List[A.Result]] = {}   # seq -> per-action results (in memory)
@@ -94,7 +98,7 @@ class ClusterState(ReplicationReplay):
         c.topics, c.partitions, c.txns = dict(self.topics), self.partitions.copy(), dict(self.txns)
         c.decided, c.acls, c.deleted_topics = self.decided, self.acls, self.deleted_topics
         c.sinks, c.coordinator, c.log_dirs = self.sinks, self.coordinator, self.log_dirs
-        c.client_quotas = self.client_quotas
+        c.client_quotas, c.segment_merges = self.client_quotas, self.segment_merges
         c.touched = None
         c.reader_features, c.writer_features = list(self.reader_features), list(self.writer_features)
         c.results = dict(self.results)
@@ -184,7 +188,8 @@ class ClusterState(ReplicationReplay):
                 "reader_features": self.reader_features,
                 "writer_features": self.writer_features,
                 **({} if self.coordinator is None else {"coordinator": self.coordinator}),
-                **({"client_quotas": self.client_quotas} if self.client_quotas else {})}
+                **({"client_quotas": self.client_quotas} if self.client_quotas else {}),
+                **({"segment_merges": self.segment_merges} if self.segment_merges else {})}
 
     @classmethod
     def from_snapshot(cls, d, *, partitions: Optional[Dict[str, PartitionState]] = None
@@ -212,6 +217,7 @@ class ClusterState(ReplicationReplay):
         s.log_dirs = {name: dict(info, storage_options=dict(info.get("storage_options") or {}))
                       for name, info in (d.get("log_dirs") or {}).items()}
         s.client_quotas = {e: dict(v) for e, v in (d.get("client_quotas") or {}).items()}
+        s.segment_merges = dict(d.get("segment_merges") or {})
         return s
 
     # -- queries ------------------------------------------------------------------------------
@@ -318,7 +324,7 @@ class ClusterState(ReplicationReplay):
             LogConfig.from_properties(a.configs)
         except InvalidConfigError as exc:
             return A.error("INVALID_CONFIG", str(exc))
-        refused = self._ungated_flush(a.configs)
+        refused = self._ungated_configs(a.configs)
         if refused is not None:
             return refused
         self.topics[topic] = {"topic_id": a.topic_id, "partitions": n,
@@ -390,14 +396,17 @@ class ClusterState(ReplicationReplay):
                 self._decide(txn, "aborted")
         return A.DeleteTopicResult(topic_id=info["topic_id"])
 
-    def _ungated_flush(self, configs) -> Optional[A.Result]:
-        """flush.messages and flush.ms change what writers do with every write: stored only
-        behind their feature, so that an older client refuses the cluster instead of
-        failing to parse the topic's configs or writing without the flushes they ask for."""
-        named = sorted(k for k in configs if k in FLUSH_KEYS)
-        if named and FLUSH_CONFIGS not in self.reader_features:
+    def _ungated_configs(self, configs) -> Optional[A.Result]:
+        """Configs such as flush.messages and segment.merge.lag.ms change what writers or
+        maintenance do: stored only behind their feature (``CONFIG_FEATURES``), so that an
+        older client refuses the cluster instead of failing to parse the topic's configs or
+        acting without what they ask for."""
+        named = sorted(k for k in configs if k in CONFIG_FEATURES
+                       and CONFIG_FEATURES[k] not in self.reader_features)
+        if named:
+            needed = sorted({CONFIG_FEATURES[k] for k in named})
             return A.error("INVALID_REQUEST", f"{', '.join(named)} need(s) the feature "
-                           f"{FLUSH_CONFIGS}, which this cluster has not enabled")
+                           f"{', '.join(needed)}, which this cluster has not enabled")
         return None
 
     def _alter_configs(self, a: A.AlterConfigs, ts: int) -> A.Result:
@@ -412,7 +421,7 @@ class ClusterState(ReplicationReplay):
             LogConfig.from_properties(configs)
         except InvalidConfigError as exc:
             return A.error("INVALID_CONFIG", str(exc))
-        refused = self._ungated_flush(a.set)
+        refused = self._ungated_configs(a.set)
         if refused is not None:
             return refused
         self._topic_w(topic)["configs"] = configs
@@ -523,6 +532,43 @@ class ClusterState(ReplicationReplay):
                     if info.get("acks") == "all":
                         R.add_acked(p, start, end)
             self._decide(txn, "committed")
+        return A.Result()
+
+    def _merge_segments(self, a: A.MergeSegments, ts: int) -> A.Result:
+        """Segment merges of one partition (§4.1): valid when planned on the partition's last
+        merge, and every run is committed data, contiguous, at or above the log start offset
+        and below the high watermark. Nothing else changes: the entry is what lets the merger
+        replace the files, and what orders two mergers."""
+        if SEGMENT_MERGE not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"merge_segments needs the feature {SEGMENT_MERGE}, "
+                           "which this cluster has not enabled")
+        info = self.topics.get(a.topic)
+        key = tp_key(a.topic, a.partition)
+        ps = self.partitions.get(key)
+        if info is None or ps is None or info["topic_id"] != a.topic_id:
+            return A.error("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {a.topic}-{a.partition} "
+                           f"of topic id {a.topic_id}")
+        last = self.segment_merges.get(key, -1)
+        if a.after != last:
+            return A.error("INVALID_UPDATE_VERSION", f"{key}: planned after merge {a.after}, but "
+                           f"the partition's last merge is {last}")
+        if not a.runs or not a.log_dirs:
+            return A.error("INVALID_REQUEST", "merge_segments needs runs and log dirs")
+        previous_end = None
+        for base, end, segments, size in a.runs:
+            if segments < 2 or size < 1 or not base < end or (
+                    previous_end is not None and base < previous_end):
+                return A.error("INVALID_REQUEST", f"{key}: run {[base, end, segments, size]} is "
+                               "not two or more segments in offset order")
+            if base < ps.log_start_offset or end > ps.high_watermark:
+                return A.error("OFFSET_OUT_OF_RANGE", f"{key}: run [{base}, {end}) is not between "
+                               f"the log start offset {ps.log_start_offset} and the high "
+                               f"watermark {ps.high_watermark}")
+            if ps.contiguous_committed_end(base) < end:
+                return A.error("INVALID_REQUEST", f"{key}: run [{base}, {end}) is not all "
+                               "committed data")
+            previous_end = end
+        self.segment_merges = dict(self.segment_merges, **{key: self.seq + 1})
         return A.Result()
 
     def _stream_commit(self, a: A.StreamCommit, ts: int) -> A.Result:
@@ -653,7 +699,7 @@ class ClusterState(ReplicationReplay):
             if offset > p.log_start_offset:
                 p = self._partition_w(key)
                 p.log_start_offset = offset
-                p.committed = [r for r in p.committed if r[1] > offset]
+                p.committed = p.committed_from(offset, SEGMENT_MERGE in self.reader_features)
                 p.aborted = [[max(r[0], offset), r[1]] for r in p.aborted if r[1] > offset]
                 R.clip_held(p)
                 self._refresh_hw(key)   # §1.3: end(r) counts from the log start offset
@@ -751,5 +797,6 @@ HANDLERS = {
     A.ReassignPartitions: ClusterState._reassign_partitions,
     A.CompleteReassignment: ClusterState._complete_reassignment,
     A.ClientQuotaChange: ClusterState._client_quota,
+    A.MergeSegments: ClusterState._merge_segments,
 }
 assert set(HANDLERS) == set(A.ACTIONS.values()), "every action needs a handler"

@@ -364,7 +364,10 @@ class Replicator:
                 if span is None and r in members:
                     # an open acks=all range: its writer waits for this copy to commit
                     span, is_open = _open_span(urgent, base), True
-                if span is not None and not _held(held, span[0]):
+                if span is not None and not (_held(held, span[0]) if is_open
+                                             else _held_whole(held, span)):
+                    # a merged leader segment (protocol §4.1) may hold more than the follower's
+                    # file of the same name: copied again, it replaces that file
                     todo.append((base, span, is_open))
             copied: List[List[int]] = []
             try:
@@ -543,11 +546,17 @@ def _has_replicated_topic(state) -> bool:
 def _segment_span(committed: List[list], base: int, nxt: Optional[int],
                   log_start: int) -> Optional[Tuple[int, int]]:
     """The offsets a follower holds once it has the leader's segment at ``base``: from the base
-    (or the log start offset) to the next segment's base, within the committed range the
-    segment belongs to (segments never span reservations). None when the segment is not
-    committed data at or above the log start offset (open, aborted, or deleted)."""
-    for s, e, _epoch in committed:
+    (or the log start offset) to the next segment's base, within the gapless stretch of
+    committed ranges the segment begins in (a segment as written lies in one reservation; a
+    merged one, protocol §4.1, in committed ranges that follow each other). None when the
+    segment is not committed data at or above the log start offset (open, aborted, or
+    deleted)."""
+    for i, (s, e, _epoch) in enumerate(committed):
         if s <= base < e:
+            for s2, e2, _ in committed[i + 1:]:
+                if nxt is not None and e >= nxt or s2 != e:
+                    break
+                e = e2
             lo, hi = max(base, log_start), e if nxt is None else min(e, nxt)
             return (lo, hi) if lo < hi else None
         if s > base:
@@ -573,3 +582,7 @@ def _open_span(ranges: List[list], base: int) -> Optional[Tuple[int, int]]:
 
 def _held(held: List[List[int]], offset: int) -> bool:
     return any(s <= offset < e for s, e in held)
+
+
+def _held_whole(held: List[List[int]], span: Tuple[int, int]) -> bool:
+    return any(s <= span[0] and span[1] <= e for s, e in held)

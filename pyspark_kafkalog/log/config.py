@@ -29,6 +29,7 @@ _KEYS = {
     "unclean.leader.election.enable": ("unclean_leader_election_enable", None, None),
     "flush.messages": ("flush_messages", int, 1),
     "flush.ms": ("flush_ms", int, 0),
+    "segment.merge.lag.ms": ("segment_merge_lag_ms", int, 0),
 }
 #: the configs that ask writers for durability (docs/protocol.md §3, "Durability"); a cluster
 #: stores them only once the ``flushConfigs`` feature is on (§2.3)
@@ -75,6 +76,12 @@ class LogConfig:
     unclean_leader_election_enable: str = "false"
     flush_messages: int = _LONG_MAX
     flush_ms: int = _LONG_MAX
+    #: kafkalog's own, named after Kafka's min.compaction.lag.ms: a committed segment is merged
+    #: with its neighbours only once it is this old (its .log's age on the storage's clock).
+    #: A minute: a streaming query reads the newest segments within a trigger or two, so the
+    #: head it tails stays as it was written, and the unmerged head is a minute of commits
+    #: (docs/protocol.md §4.1)
+    segment_merge_lag_ms: int = 60_000
 
     @property
     def unclean_leader_election(self) -> bool:
@@ -111,7 +118,7 @@ class LogConfig:
                 raise InvalidConfigError(f"invalid value {raw!r} for {name}") from None
             if minimum is not None and value < minimum:
                 raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be >= {minimum}")
-            if name in FLUSH_CONFIGS and value > _LONG_MAX:
+            if name in FLUSH_CONFIGS + ("segment.merge.lag.ms",) and value > _LONG_MAX:
                 raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be <= {_LONG_MAX}")
             if name == "segment.bytes" and value > _INT_MAX:
                 raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be <= {_INT_MAX}")

@@ -205,9 +205,22 @@ class PartitionLog:
             return b"", -1
         i = self.segment_for(offset)
         i = 0 if i is None else i
+        gone = set()
         while i < len(self.segments):
             seg = self.segments[i]
-            data, _ = seg.read_from(offset, max_bytes)
+            try:
+                data, _ = seg.read_from(offset, max_bytes)
+            except StorageNotFoundError:
+                # deleted since the listing: a segment merge's covered segment, whose data the
+                # merged one holds (docs/protocol.md §4.1), or retention: look again, once per
+                # file; what the metadata promises and no file holds is reported below
+                if seg.base_offset in gone:
+                    raise
+                gone.add(seg.base_offset)
+                self.refresh()
+                i = self.segment_for(offset)
+                i = 0 if i is None else i
+                continue
             if data:
                 self._check_nothing_skipped(offset, seg.base_offset)
                 return data, seg.base_offset

@@ -58,6 +58,21 @@ class StorageGuarantees:
 class FileInfo(NamedTuple):
     name: str
     size: int
+    #: modification time on the storage's clock, where the listing told it at no extra cost
+    #: (a local stat, an object store's LastModified); None where it did not. Not a field:
+    #: two listings of the same files compare equal whenever they were made
+    mtime = None
+
+
+class _TimedFileInfo(FileInfo):
+    pass
+
+
+def listed_file(name: str, size: int, mtime: Optional[float]) -> FileInfo:
+    """A :class:`FileInfo` that also carries its ``mtime``."""
+    info = _TimedFileInfo(name, size)
+    info.mtime = mtime
+    return info
 
 
 # A writer that is killed between writing its temp file and publishing it leaves the temp file
@@ -197,6 +212,11 @@ class Storage(abc.ABC):
     def list(self, dir_path: str = "") -> list[FileInfo]:
         """Direct child files, sorted by name, temp files hidden; [] for a missing directory."""
 
+    def list_names(self, dir_path: str = "") -> list[str]:
+        """The names :meth:`list` gives, where a backend can tell them for less (a local
+        directory without a stat per file: a metadata log's listing on a cold open)."""
+        return [f.name for f in self.list(dir_path)]
+
     @abc.abstractmethod
     def list_dirs(self, dir_path: str = "") -> list[str]:
         """Names of direct child directories, sorted; [] for a missing directory."""
@@ -263,6 +283,12 @@ class Storage(abc.ABC):
     #: segments per thread), because that is safe here and pays: concurrent writes overlap the
     #: device's latency, and their syncs share the filesystem's journal commits
     concurrent_writes = False
+
+    #: whether every call is a request to a remote store, priced and slow (S3, GCS): then a
+    #: commit leaves the derived Kafka files to maintenance, as a Kafka broker writes its
+    #: checkpoints on a timer (docs/protocol.md §8), and a warm produce costs its data's PUTs,
+    #: its two entries and one read of the log's head
+    remote = False
 
     def flush(self, dir_path: str = "") -> None:
         """Make every file already written under ``dir_path`` durable, whoever wrote it: what

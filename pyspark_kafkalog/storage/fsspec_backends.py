@@ -12,7 +12,7 @@ import functools
 import threading
 
 from ..errors import AlreadyExistsError, InvalidConfigError, StorageNotFoundError, UnsupportedOperationError
-from .base import FileInfo, Storage, StorageGuarantees, check_range, split_path, storage_errors
+from .base import FileInfo, Storage, listed_file, StorageGuarantees, check_range, split_path, storage_errors
 
 
 class FsspecStorage(Storage):
@@ -24,6 +24,8 @@ class FsspecStorage(Storage):
     two writers both believe they won an epoch claim, which silently corrupts a log; ``replace``
     works but is only as atomic as the protocol's whole-file write. ``append`` is unsupported.
     """
+
+    remote = True   # a generic fsspec backend is a remote store (GCS, Azure, ...)
 
     _GUARANTEES = StorageGuarantees(
         atomic_create_if_absent=False, atomic_replace=False, append=False, truncate_in_place=False,
@@ -96,7 +98,7 @@ class FsspecStorage(Storage):
         return [e for e in entries if e["name"].strip("/") != own]  # some ls() return a file itself
 
     def list(self, dir_path: str = "") -> list[FileInfo]:
-        return sorted(FileInfo(_basename(e["name"]), int(e.get("size") or 0))
+        return sorted(listed_file(_basename(e["name"]), int(e.get("size") or 0), _info_mtime(e))
                       for e in self._ls(dir_path)
                       if e.get("type") == "file" and not self.is_temp_name(_basename(e["name"])))
 
@@ -184,6 +186,8 @@ class MemoryStorage(FsspecStorage):
     (``multi_process`` False: an executor in another process sees its own, empty store) and
     nothing is durable. ``append`` and ``truncate`` work in place; mtimes have the local clock.
     """
+
+    remote = False
 
     _GUARANTEES = StorageGuarantees(
         atomic_create_if_absent=True, atomic_replace=True, append=True, truncate_in_place=True,

@@ -14,7 +14,7 @@ from typing import List, Optional
 
 from ..errors import (AlreadyExistsError, InvalidConfigError, KafkaStorageError,
                       StorageNotFoundError)
-from .base import (
+from .base import (listed_file, 
     FileInfo,
     Storage,
     StorageGuarantees,
@@ -226,8 +226,19 @@ class LocalStorage(Storage):
                 continue
             try:
                 if entry.is_file():
-                    out.append(FileInfo(entry.name, entry.stat().st_size))
+                    st = entry.stat()
+                    out.append(listed_file(entry.name, st.st_size, st.st_mtime))
             except FileNotFoundError:  # deleted while we listed: it is not there any more
+                continue
+        return sorted(out)
+
+    def list_names(self, dir_path: str = "") -> list[str]:
+        out = []
+        for entry in self._scan(dir_path):
+            try:   # the directory entry's type: no stat where the file system tells it
+                if entry.is_file() and not self.is_temp_name(entry.name):
+                    out.append(entry.name)
+            except FileNotFoundError:
                 continue
         return sorted(out)
 

@@ -90,6 +90,10 @@ class MountedStorage(Storage):
         return self.base.concurrent_writes
 
     @property
+    def remote(self) -> bool:   # type: ignore[override]
+        return self.base.remote
+
+    @property
     def can_spool(self) -> bool:   # type: ignore[override]
         return self.base.can_spool
 
@@ -147,6 +151,10 @@ class MountedStorage(Storage):
     def list(self, dir_path: str = ""):
         st, sub = self._route(dir_path)
         return st.list(sub)
+
+    def list_names(self, dir_path: str = ""):
+        st, sub = self._route(dir_path)
+        return st.list_names(sub)
 
     def list_dirs(self, dir_path: str = ""):
         st, sub = self._route(dir_path)

@@ -158,6 +158,26 @@ def retainer(root, wid, seed):
                             for pl in plans]})
 
 
+def merger(root, wid, seed):
+    """Segment merges (docs/protocol.md §4.1) in a loop, killed at random points like the rest:
+    with no lag, and covered segments deleted after a delay of a second or two. (A delay of 0
+    is for a partition nothing else deletes from: a retention that judged a merged segment's
+    first file before the merge replaced it could delete the merged one just as its covered
+    segments go; the delay is what outlasts such a stale judgement, as in Kafka.)"""
+    from pyspark_kafkalog.cluster.maintenance import merge_segments
+    cluster = Cluster(root)
+    rng = random.Random(int(seed))
+    while True:
+        time.sleep(rng.uniform(0.05, 0.4))
+        try:
+            done = merge_segments(cluster, lag_ms=0, delay_ms=rng.choice([1000, 2000]))
+        except Exception as exc:     # noqa: BLE001
+            _error(exc, "merge_segments")
+            continue
+        emit({"merged": [[m.topic, m.partition, m.merged, len(m.deleted)] for m in done
+                         if m.merged or m.deleted]})
+
+
 def tailer(root, out_path, stop_path):
     """Reads each partition from the offset after the last record it saw. Output lines:
     ``S`` start position, ``R`` a read covering [pos, end) and its records, ``J`` a jump after a
@@ -295,6 +315,7 @@ def poller(root, topic, stop):
 
 
 MODES = {"writer": writer, "staller": staller, "deleter": deleter, "retainer": retainer,
+         "merger": merger,
          "tailer": tailer, "zombie": zombie, "once": once, "multi": multi, "poller": poller}
 
 if __name__ == "__main__":
