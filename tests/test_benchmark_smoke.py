@@ -157,3 +157,19 @@ def test_replication_section_runs_on_a_tiny_workload(tmp_path):
     assert set(res["latency"]) == {"rf1", "rf2_acks_all", "rf2_acks_1"}
     assert res["latency"]["rf2_acks_all"]["entries_per_unit"] >= 3   # reserve, progress, commit
     assert "catch-up of 2 segments" in proc.stdout
+
+
+def test_soak_section_runs_on_a_tiny_workload(tmp_path):
+    out = tmp_path / "soak.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "soak", "--commits", "1200", "--partitions", "2",
+         "--window", "400", "--maintenance-every", "300", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=str(SCRIPT.parents[1]))
+    assert proc.returncode == 0, f"benchmark failed:\n{proc.stdout}\n{proc.stderr}"
+    assert "soak, full speed" in proc.stdout
+    res = json.loads(out.read_text())["full_speed"]
+    assert len(res["windows"]) == 3 and res["every_record_once_in_order"]
+    # the final cleanup leaves what is live: a merged segment and the head per partition
+    assert all(n <= b for n, b in zip(res["segments_after_cleanup"], res["segment_bound"]))
+    assert res["entries_after_cleanup"] <= 50 + 1
+    assert res["write_amplification"] > 0

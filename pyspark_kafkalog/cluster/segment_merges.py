@@ -7,8 +7,8 @@ One pass over a partition, in this order:
 1. **Finish** what earlier merges left in each of its replicas' directories: a segment whose
    data reaches past the next one's base covers it (a merge replaced the first file of a run);
    covered segments go once the covering ``.log`` is ``file.delete.delay.ms`` old on the
-   storage's clock, after a flush of the directory, ``.log`` first. Indexes newer than their
-   ``.log`` (a merge that died between the two) are rebuilt from the ``.log``.
+   storage's clock, after a flush of the directory, ``.log`` first. A merge marker left by a
+   merger that died while it published has its segment's indexes rebuilt from the ``.log``.
 2. **Plan** on the leader: adjacent visible segments, not covered, at or above the log start
    offset, in one gapless stretch of committed data, each at least ``segment.merge.lag.ms``
    old, never the partition's newest (the head, as Kafka never cleans its active segment),
@@ -16,9 +16,10 @@ One pass over a partition, in this order:
 3. **Build** each run (read, CRC-check, index) before anything is written.
 4. **Append** one ``merge_segments`` for the partition, planned on its last merge: of two
    mergers only one is valid.
-5. **Publish**, only if the entry applied and within ``file.delete.delay.ms`` of it: the leader's
-   files, and those of every in-sync follower whose copy of the run is the leader's, so the
-   ISR ends byte-identical.
+5. **Publish**, only if the entry applied and within max(``file.delete.delay.ms``, 10 s) of
+   it (``log.segment_merge.publish``: a marker, the ``.log``, the indexes): the leader's files,
+   and those of every in-sync follower whose copy of the run is the leader's, so the ISR ends
+   byte-identical.
 """
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ _log = logging.getLogger(__name__)
 #: after it published, so a merger paused longer than that between its entry and its publish
 #: could put back a shorter file over a longer one (docs/protocol.md §4.1)
 MIN_PUBLISH_WINDOW_S = 10.0
+#: a merge marker older than the publish window by this much was left by a dead merger
+MARKER_MARGIN_MS = 5_000
 
 
 @dataclass
@@ -67,15 +70,16 @@ class PartitionMerges:
 
 def _listing(storage, d: str) -> Tuple[Dict[int, Tuple[int, Optional[float]]],
                                         Dict[int, Optional[float]]]:
-    """``({base: (.log size, mtime)}, {base: .index mtime})`` of a partition directory."""
-    logs, indexes = {}, {}
+    """``({base: (.log size, mtime)}, {base: mtime of its merge marker})`` of a partition
+    directory."""
+    logs, markers = {}, {}
     for info in storage.list(d):
         name = info.name
         if name.endswith(LOG_SUFFIX) and name[:-len(LOG_SUFFIX)].isdigit():
             logs[int(name[:-len(LOG_SUFFIX)])] = (info.size, info.mtime)
-        elif name.endswith(INDEX_SUFFIX) and name[:-len(INDEX_SUFFIX)].isdigit():
-            indexes[int(name[:-len(INDEX_SUFFIX)])] = info.mtime
-    return logs, indexes
+        elif name.endswith(SM.MERGING_SUFFIX) and name[:-len(SM.MERGING_SUFFIX)].isdigit():
+            markers[int(name[:-len(SM.MERGING_SUFFIX)])] = info.mtime
+    return logs, markers
 
 
 def finish_dir(storage, d: str, config, visible, now_s: float,
@@ -84,15 +88,17 @@ def finish_dir(storage, d: str, config, visible, now_s: float,
     """Step 1 in one replica's directory; returns the bases still covered (not yet deleted).
     ``visible(base)``: the segments to look at (the leader's visible ones; a follower's all)."""
     delay_ms = config.file_delete_delay_ms if delay_ms is None else delay_ms
-    logs, indexes = _listing(storage, d)
-    bases = [b for b in sorted(logs) if visible(b)]
-    for b in bases:   # indexes newer than their .log: a merge may have died between the two
-        im, lm = indexes.get(b), logs[b][1]
-        if (im is not None and lm is not None and im > lm
-                and SM.indexes_ahead(storage, d, b, logs[b][0])):
-            SM.rebuild_indexes(storage, d, b, config)
+    logs, markers = _listing(storage, d)
+    for b, mtime in sorted(markers.items()):
+        # a merger died while it replaced b's files: once no live one can still be at it
+        # (it publishes within its window or gives up), b's indexes are made from its .log
+        if mtime is None:
+            mtime = storage.mtime(f"{d}/{SM.marker_name(b)}")
+        if (now_s - mtime) * 1000 >= max(delay_ms, 1000 * MIN_PUBLISH_WINDOW_S) + MARKER_MARGIN_MS:
+            SM.repair_interrupted(storage, d, b, config)
             if out is not None:
                 out.rebuilt.append(f"{d}/{b:020d}")
+    bases = [b for b in sorted(logs) if visible(b)]
     covered: Dict[int, int] = {}   # covered base -> the base covering it
     reach = None                   # (end, base) of the furthest-reaching segment so far
     for i, b in enumerate(bases[:-1]):

@@ -15,7 +15,6 @@ rebuild (``IndexBuilder``).
 """
 from __future__ import annotations
 
-import struct
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
@@ -38,8 +37,6 @@ MERGE_RATIO = 2
 #: a merge keeps the run's bytes in memory up to this size (one read of each source); a
 #: larger run is read twice, once to check and index it and once while it is published
 IN_MEMORY_BYTES = 64 << 20
-_ENTRY = struct.Struct(">ii")   # an offset index entry: relative offset, position
-_TIME_ENTRY = struct.Struct(">qi")   # a time index entry: timestamp, relative offset
 
 
 def plan_runs(sizes: Sequence[int], segment_bytes: int, ratio: int = MERGE_RATIO
@@ -99,6 +96,8 @@ class MergedSegment:
     timeindex: bytes
     #: the merged ``.log`` as pieces, or None for a run larger than ``IN_MEMORY_BYTES``
     pieces: Optional[List[memoryview]] = field(default=None, repr=False)
+    #: the topic's config it was indexed with
+    config: object = field(default=None, repr=False)
 
 
 def _kept(data, file: str, last_taken: Optional[int]) -> Iterator[Tuple[int, int, object]]:
@@ -150,7 +149,7 @@ def build(storage, dir_path: str, sources: Sequence[Tuple[int, int]], config) ->
         base=base, end=last_taken + 1, sources=list(sources), size=size,
         index=idx.encode_offset_index(builder.offset_entries, base),
         timeindex=idx.encode_time_index(builder.final_time_entries(), base),
-        pieces=pieces if keep else None)
+        pieces=pieces if keep else None, config=config)
 
 
 def _pieces(storage, dir_path: str, merged: MergedSegment) -> Iterator:
@@ -167,21 +166,34 @@ def _pieces(storage, dir_path: str, merged: MergedSegment) -> Iterator:
             yield view[start:end]
 
 
+#: ``<base>.merging``: a merge is replacing the files of segment ``base`` (no Kafka suffix, so
+#: Kafka and every reader pass it by)
+MERGING_SUFFIX = ".merging"
+
+
+def marker_name(base: int) -> str:
+    return f"{base:020d}{MERGING_SUFFIX}"
+
+
 def publish(storage, dir_path: str, merged: MergedSegment,
             still_valid: Callable[[], None] = lambda: None, *,
             source_dir: Optional[str] = None) -> None:
-    """Replace the first source's files by the merged segment: the indexes first, then the
-    ``.log`` (atomic replace, durable as the storage makes a replace). A reader that opens the
-    new indexes with the old ``.log`` finds their entries past its end and walks the log
-    instead; one that opens the new ``.log`` with old indexes has a valid, sparser index of
-    its prefix; a crash between the two leaves indexes ahead of their log, which the next
-    pass rebuilds (``rebuild_indexes``). ``still_valid()`` raises to veto the replace of the
-    ``.log`` after its last byte is produced, just before it is renamed into place.
+    """Replace the first source's files by the merged segment, each by an atomic replace
+    (durable as the storage makes a replace): the ``.log`` first, then its ``.timeindex`` and
+    ``.index``. A reader that opens the new ``.log`` with the old indexes has a valid, sparser
+    index of its prefix (and a time index whose last entry it checks against the tail, as for
+    a broker's active segment); one that opens the old ``.log`` with new indexes finds their
+    entries past its end and walks the log instead. A marker ``<base>.merging`` stands from
+    before the first replace to after the last, so that a merger that died in between leaves a
+    name for the next pass to find in its listing (``repair_interrupted``).
+    ``still_valid()`` raises to veto the replace of the ``.log`` after its last byte is
+    produced, just before it is renamed into place; then, as after any failure here, the
+    indexes are made again from whatever ``.log`` is there and the marker goes.
     ``source_dir``: where the sources are, when not in ``dir_path`` (a follower given the
     leader's bytes)."""
     base = merged.base
-    storage.replace(f"{dir_path}/{segment_name(base, TIMEINDEX_SUFFIX)}", merged.timeindex)
-    storage.replace(f"{dir_path}/{segment_name(base, INDEX_SUFFIX)}", merged.index)
+    marker = f"{dir_path}/{marker_name(base)}"
+    storage.replace(marker, b"")
 
     def chunks():
         size = 0
@@ -192,33 +204,27 @@ def publish(storage, dir_path: str, merged: MergedSegment,
         if size != merged.size:
             raise CorruptRecordError(f"{dir_path}: merged {size} bytes, expected {merged.size}")
         still_valid()
-    storage.publish_stream(f"{dir_path}/{segment_name(base, LOG_SUFFIX)}", chunks(),
-                           replace=True)
+    try:
+        storage.publish_stream(f"{dir_path}/{segment_name(base, LOG_SUFFIX)}", chunks(),
+                               replace=True)
+        storage.replace(f"{dir_path}/{segment_name(base, TIMEINDEX_SUFFIX)}", merged.timeindex)
+        storage.replace(f"{dir_path}/{segment_name(base, INDEX_SUFFIX)}", merged.index)
+    except BaseException:
+        try:   # the indexes of what is there now, whichever .log that is
+            rebuild_indexes(storage, dir_path, base, merged.config)
+            storage.delete(marker)
+        except Exception:
+            pass   # the marker stays: the next pass repairs it
+        raise
+    storage.delete(marker)
 
 
-def indexes_ahead(storage, dir_path: str, base: int, log_size: int) -> bool:
-    """Whether the indexes of ``base`` name what its ``.log`` does not hold (a position past
-    its end, an offset past its last): a merge published its indexes and died before its
-    ``.log``. Called only for indexes newer than their ``.log``, which is rare."""
-    data = storage.read(f"{dir_path}/{segment_name(base, INDEX_SUFFIX)}")
-    at = len(data) - len(data) % idx.OFFSET_ENTRY_SIZE - idx.OFFSET_ENTRY_SIZE
-    while at >= 0:
-        relative, position = _ENTRY.unpack_from(data, at)
-        if relative or position:      # a pre-allocated index ends in zeros
-            if position >= log_size:
-                return True
-            break
-        at -= idx.OFFSET_ENTRY_SIZE
-    times = storage.read(f"{dir_path}/{segment_name(base, TIMEINDEX_SUFFIX)}")
-    if len(times) < idx.TIME_ENTRY_SIZE:
-        return False
-    at = len(times) - len(times) % idx.TIME_ENTRY_SIZE - idx.TIME_ENTRY_SIZE
-    _, relative = _TIME_ENTRY.unpack_from(times, at)
-    last = None
-    log = storage.read(f"{dir_path}/{segment_name(base, LOG_SUFFIX)}")
-    for h in scan_entries(log, check_offsets=False):
-        last = h.last_offset
-    return last is None or base + relative > last
+def repair_interrupted(storage, dir_path: str, base: int, config) -> None:
+    """After a merger that died while it replaced segment ``base``'s files (its marker is
+    there): the indexes made again from the ``.log`` that is there, then the marker goes."""
+    if storage.exists(f"{dir_path}/{segment_name(base, LOG_SUFFIX)}"):
+        rebuild_indexes(storage, dir_path, base, config)
+    storage.delete(f"{dir_path}/{marker_name(base)}")
 
 
 def rebuild_indexes(storage, dir_path: str, base: int, config) -> None:
