@@ -782,6 +782,26 @@ def run_replication(args):
     return result, 0
 
 
+# -- soak (jobs/bench_soak.py) ---------------------------------------------------------------------
+
+def _soak_arguments(p):
+    import bench_soak
+    bench_soak.add_arguments(p)
+
+
+@section("soak", "a cluster after many commits: commit p50/p99, segments per partition, "
+                 "metadata entries and write amplification per window as merges and cleanup "
+                 "run; S3 requests per produce (--s3); a streaming query (--stream)",
+         _soak_arguments)
+def run_soak(args):
+    import bench_soak
+    result = bench_soak.run(args)
+    print(bench_soak.render(result))
+    ok = (result.get("full_speed", {}).get("every_record_once_in_order", True)
+          and result.get("stream", {}).get("exactly_once", True))
+    return result, 0 if ok else 1
+
+
 # -- entry point ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
