@@ -369,3 +369,19 @@ def test_readers_and_merges_running_together_see_every_record_once(tmp_path):
         for t in threads:
             t.join()
     assert errors == []
+
+
+def test_with_no_delay_the_covered_go_in_the_same_pass_however_long_it_takes(admin, tmp_path):
+    import time as _time
+    import pyspark_kafkalog.cluster.segment_merges as M
+    _produce_singles(admin, "t", 20)
+    d = tmp_path / "c" / "logdir-0" / "t-0"
+    long_ago = _time.time() - 100
+    for f in d.iterdir():
+        os.utime(f, (long_ago, long_ago))
+    # the pass read the storage's clock long before it reached this partition: its merged
+    # file is newer than that clock
+    done = M.merge_partition(admin.cluster, admin.cluster.state(), "t", 0,
+                             now_s=_time.time() - 30, lag_ms=0, delay_ms=0)
+    assert done.merged == [[0, 19, 19, done.merged[0][3]]] and len(done.deleted) == 18
+    assert len(_logs(tmp_path / "c" / "logdir-0" / "t-0")) == 2

@@ -24,6 +24,7 @@ One pass over a partition, in this order:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -83,13 +84,14 @@ def _listing(storage, d: str) -> Tuple[Dict[int, Tuple[int, Optional[float]]],
 
 
 def finish_dir(storage, d: str, config, visible, now_s: float,
-               delay_ms: Optional[int] = None, out: Optional[PartitionMerges] = None
-               ) -> set:
+               delay_ms: Optional[int] = None, out: Optional[PartitionMerges] = None, *,
+               markers: bool = True) -> set:
     """Step 1 in one replica's directory; returns the bases still covered (not yet deleted).
-    ``visible(base)``: the segments to look at (the leader's visible ones; a follower's all)."""
+    ``visible(base)``: the segments to look at (the leader's visible ones; a follower's all).
+    ``markers``: also mend what dead mergers left (not right after a publish of our own)."""
     delay_ms = config.file_delete_delay_ms if delay_ms is None else delay_ms
-    logs, markers = _listing(storage, d)
-    for b, mtime in sorted(markers.items()):
+    logs, found_markers = _listing(storage, d)
+    for b, mtime in sorted(found_markers.items()) if markers else ():
         # a merger died while it replaced b's files: once no live one can still be at it
         # (it publishes within its window or gives up), b's indexes are made from its .log
         if mtime is None:
@@ -267,10 +269,12 @@ def merge_partition(cluster, state: ClusterState, topic: str, p: int, *,
         _log.warning("segment merges: %s-%d: publishing stopped: %s", topic, p, exc)
     out.merged = runs
     if delay == 0 and not out.skipped:   # nothing to wait for: the covered go in this pass
-        finish_dir(storage, leader_dir, config, ps.segment_visible, now_s + 1, 0, out)
+        # (whatever the time now: the pass's clock was read before it began)
+        finish_dir(storage, leader_dir, config, ps.segment_visible, math.inf, 0, out,
+                   markers=False)
         for r in followers:
             finish_dir(storage, cluster.partition_dir(topic, p, r, state), config,
-                       lambda b: True, now_s + 1, 0, out)
+                       lambda b: True, math.inf, 0, out, markers=False)
     return out
 
 
