@@ -22,6 +22,9 @@ def add_arguments(p) -> None:
     p.add_argument("--stream-rate", type=float, default=20.0, help="produces per second")
     p.add_argument("--stream-window-s", type=float, default=30.0)
     p.add_argument("--stream-maintenance-s", type=float, default=10.0)
+    p.add_argument("--stream-metadata-retention-ms", type=int, default=3_600_000,
+                   help="metadata.max.retention.ms of the maintenance process (below the "
+                        "query's follow window only to see that it copes)")
 
 
 def _pct(xs, q):
@@ -58,7 +61,7 @@ def run(args, base: Path) -> dict:
              .trigger(processingTime="1 second").start(url))
     stop = threading.Event()
     produced = []
-    maint = Cluster(url, metadata_max_retention_ms=args.metadata_retention_ms)
+    maint = Cluster(url, metadata_max_retention_ms=args.stream_metadata_retention_ms)
 
     def producer():
         i = 0

@@ -1,6 +1,6 @@
 """Quickstart: a Spark job on an embedded local cluster (./kafkalog-data, local[*]).
 
-    python jobs/quickstart.py [--cluster ./kafkalog-data] [--fresh]
+    python jobs/quickstart.py [--cluster ./kafkalog-data] [--keep]
 
 It creates a topic, writes records with Spark (one atomic job commit), reads them back with a
 timestamp filter (pushed down to the time index), runs DeleteRecords (KIP-107), reads again, and
@@ -15,14 +15,31 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 
+MARK = ".kafkalog-quickstart"
+
+
+def start_afresh(path: str) -> None:
+    """Delete what a quickstart left at ``path``: only a directory a quickstart made (it holds
+    ``MARK``), so that a mistyped ``--cluster`` never deletes anything else."""
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, MARK)):
+        sys.exit(f"{path} exists and was not made by a quickstart: pass --keep to use it as it "
+                 "is, or another --cluster")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    open(os.path.join(path, MARK), "w").close()
+
+
 def main(argv=None, spark=None) -> int:
     """``spark``: run in this session (tests share one) instead of starting one."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", default="./kafkalog-data", help="cluster root (path or URL)")
-    parser.add_argument("--fresh", action="store_true", help="delete the cluster dir first")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep what an earlier run left (by default a local cluster dir is "
+                             "started afresh, so that every run tells the same story)")
+    parser.add_argument("--fresh", action="store_true", help=argparse.SUPPRESS)   # the default
     args = parser.parse_args(argv)
-    if args.fresh and "://" not in args.cluster:
-        shutil.rmtree(args.cluster, ignore_errors=True)
+    if not args.keep and "://" not in args.cluster:
+        start_afresh(args.cluster)
 
     os.environ["PYSPARK_PYTHON"] = sys.executable          # workers run this interpreter
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -35,8 +52,9 @@ def main(argv=None, spark=None) -> int:
     own = spark is None
     if own:
         spark = (SparkSession.builder.master("local[*]").appName("kafkalog-quickstart")
-                 .config("spark.ui.enabled", "false").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.log.level", "ERROR")   # from the start, not after it
+                 .getOrCreate())
     pyspark_kafkalog.register(spark, filter_pushdown=True)   # see docs/user-guide.md
     url = os.path.abspath(args.cluster) if "://" not in args.cluster else args.cluster
     topic = "clicks"

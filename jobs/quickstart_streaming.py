@@ -1,6 +1,6 @@
 """Streaming quickstart: a Structured Streaming pipeline on an embedded local cluster.
 
-    python jobs/quickstart_streaming.py [--cluster ./kafkalog-data] [--fresh]
+    python jobs/quickstart_streaming.py [--cluster ./kafkalog-data] [--keep]
 
 Events land in topic ``events``; a streaming query upper-cases them into ``events-upper``,
 exactly once, committing its progress to the consumer group ``quickstart`` (so ``kafkalog
@@ -15,19 +15,36 @@ import shutil
 import sys
 
 
+MARK = ".kafkalog-quickstart"
+
+
+def start_afresh(path: str) -> None:
+    """Delete what a quickstart left at ``path``: only a directory a quickstart made (it holds
+    ``MARK``), so that a mistyped ``--cluster`` never deletes anything else."""
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, MARK)):
+        sys.exit(f"{path} exists and was not made by a quickstart: pass --keep to use it as it "
+                 "is, or another --cluster")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    open(os.path.join(path, MARK), "w").close()
+
+
 def main(argv=None, spark=None) -> int:
     """``spark``: run in this session (tests share one) instead of starting one."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", default="./kafkalog-data", help="cluster root (path or URL)")
     parser.add_argument("--checkpoint", default=None,
                         help="the query's checkpoint dir (default: <cluster>-checkpoints)")
-    parser.add_argument("--fresh", action="store_true", help="delete the cluster dir first")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep what an earlier run left (by default a local cluster dir is "
+                             "started afresh, so that every run tells the same story)")
+    parser.add_argument("--fresh", action="store_true", help=argparse.SUPPRESS)   # the default
     args = parser.parse_args(argv)
     local = "://" not in args.cluster
     checkpoint = args.checkpoint or (args.cluster.rstrip("/") + "-checkpoints")
-    if args.fresh and local:
-        shutil.rmtree(args.cluster, ignore_errors=True)
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    if not args.keep and local:
+        for d in (args.cluster, checkpoint):
+            start_afresh(d)
 
     os.environ["PYSPARK_PYTHON"] = sys.executable          # workers run this interpreter
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -42,8 +59,8 @@ def main(argv=None, spark=None) -> int:
         spark = (SparkSession.builder.master("local[*]").appName("kafkalog-streaming-quickstart")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                  .config("spark.sql.shuffle.partitions", "2")
+                 .config("spark.log.level", "ERROR")   # from the start, not after it
                  .getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
     pyspark_kafkalog.register(spark)
     url = os.path.abspath(args.cluster) if local else args.cluster
     admin = Admin(url)

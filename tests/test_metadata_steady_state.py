@@ -219,3 +219,22 @@ def test_a_warm_produce_on_s3_costs_six_requests_fresh_and_after_many_commits(mo
         (fresh, late)
     assert max(fresh + late) <= 6 + 3, (fresh, late, sent_late)
     assert not [u for m, u in sent + sent_late if "list-type" in u or "prefix=" in u]
+
+
+def test_a_follower_behind_a_cleanup_with_a_shorter_retention_lists_again(tmp_path, monkeypatch):
+    """A cleaner whose metadata.max.retention.ms is 0 deletes the entries a warm follower
+    (retention 1 h: it follows by number for 10 minutes) has not read yet. Its newest entry is
+    gone with them (ascending deletion): the next poll that finds nothing sees that and lists."""
+    monkeypatch.setattr(M, "CONFIRM_INTERVAL_S", 0.0)
+    url = str(tmp_path / "c")
+    writer = Admin(Cluster(url, snapshot_interval=10))
+    writer.create_topic("t", 4)
+    follower = Admin(url)
+    assert follower.list_topics() == ["t"]            # warm, at the writer's head
+    _produce(writer, 40)
+    assert Cluster(url, metadata_max_retention_ms=0).metalog.cleanup()
+    _, snaps = _on_storage(tmp_path)
+    assert snaps and follower.cluster.metalog._state.seq < snaps[-1]   # cleaned past it
+    assert sum(1 for _ in follower.consume("t")) == 40
+    follower.create_topic("u", 1)                     # and it appends at the real head
+    assert writer.list_topics() == ["t", "u"]

@@ -1,5 +1,6 @@
-"""The README's first command: the quickstart Spark job runs on a fresh directory, twice; and
-the streaming quickstart runs."""
+"""The README's first command: the quickstart Spark job runs on a fresh directory, twice, and
+tells the same story both times (it starts afresh unless --keep); and the streaming quickstart
+runs. What it prints on stdout is its own, from the first line."""
 from __future__ import annotations
 
 import os
@@ -22,7 +23,7 @@ def _load(path):
 def _check(out, first):
     assert "wrote 600 records in one job" in out
     assert "(pushed down to the time index): " in out
-    if first:   # later runs see what the first run's DeleteRecords left
+    if first:   # with --keep, later runs see what the first run's DeleteRecords left
         assert "(pushed down to the time index): 60 of 600" in out
     assert "low watermark now" in out and "(error: None)" in out
     assert "isvalid: true" in out and "isvalid: false" not in out
@@ -30,21 +31,43 @@ def _check(out, first):
 
 def test_quickstart_runs_end_to_end(tmp_path, ks, capsys):
     """The README's command in a process of its own; then a second run on the same cluster
-    (it appends to the existing topic) in the suite's session, a JVM start less."""
+    in the suite's session, a JVM start less: the same story again; then one with --keep,
+    which appends to what is there."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     proc = subprocess.run([sys.executable, str(QUICKSTART), "--cluster", str(tmp_path / "c")],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check(proc.stdout, first=True)
+    assert proc.stdout.startswith("== created topic"), proc.stdout[:300]
     import pyspark_kafkalog
     key = "spark.sql.python.filterPushdown.enabled"
     before = ks.conf.get(key, None)
     try:
-        assert _load(QUICKSTART).main(["--cluster", str(tmp_path / "c")], spark=ks) == 0
+        job = _load(QUICKSTART)
+        assert job.main(["--cluster", str(tmp_path / "c")], spark=ks) == 0
+        again = capsys.readouterr().out
+        assert job.main(["--cluster", str(tmp_path / "c"), "--keep"], spark=ks) == 0
+        kept = capsys.readouterr().out
     finally:   # the quickstart turned filter pushdown on: the session is shared
         ks.conf.unset(key) if before is None else ks.conf.set(key, before)
         pyspark_kafkalog.register(ks)
-    _check(capsys.readouterr().out, first=False)
+    _check(again, first=True)
+    # the same counts as the first run's, line for line (the dump's file name aside)
+    story = [line for line in proc.stdout.splitlines() if line.startswith("== ")]
+    assert [line for line in again.splitlines() if line.startswith("== ")] == story
+    _check(kept, first=False)
+    assert "created topic" not in kept
+
+
+def test_quickstart_never_deletes_a_directory_it_did_not_make(tmp_path):
+    job = _load(QUICKSTART)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "precious").write_text("x")
+    import pytest
+    with pytest.raises(SystemExit, match="was not made by a quickstart"):
+        job.main(["--cluster", str(mine)])
+    assert (mine / "precious").read_text() == "x"
 
 
 def test_streaming_quickstart_runs_end_to_end(ks, tmp_path, capsys):

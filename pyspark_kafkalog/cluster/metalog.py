@@ -41,6 +41,9 @@ DEFAULT_METADATA_RETENTION_MS = 3_600_000
 #: the log"): entries cleaned up while it was not looking cannot be told from entries not yet
 #: written
 MAX_FOLLOW_WITHOUT_LISTING_S = 600.0
+#: how often, at most, a poll that found nothing new checks that its newest entry is still
+#: there (``MetadataLog._behind_cleanup``)
+CONFIRM_INTERVAL_S = 1.0
 
 
 #: States replayed in this process, for the logs that opt in (``share_key``): Spark runs many
@@ -78,6 +81,8 @@ class MetadataLog:
         #: ``time.monotonic()`` before the last listing of the log: until
         #: :attr:`follow_window_s` after it, :meth:`state` follows the log by number
         self._listed_at: Optional[float] = None
+        #: ``time.monotonic()`` of the last check that this process is not behind a cleanup
+        self._confirmed_at = time.monotonic()
         self.writer_id = writer_id or new_writer_id()
         self.clock = clock
         self._state: Optional[ClusterState] = None
@@ -249,10 +254,29 @@ class MetadataLog:
                 new.touched = None
             self._note_applied(seq, data)
             seq += 1
+        if new is state and self._behind_cleanup(state):
+            # the entries after ours were cleaned up: only a listing (and a snapshot) can
+            # tell what they held, and anything may have changed
+            self._listed_at = None
+            full = self.state()
+            return full, {k for k, _ in full.partitions.items()}
         if self._state is None or new.seq > self._state.seq:
             self._state = new
             self._share(new)
         return new, touched
+
+    def _behind_cleanup(self, state: ClusterState) -> bool:
+        """Whether a cleanup deleted the entries after ``state`` (so a read by number finds
+        nothing although the log went on): then ``state``'s own entry is gone too, since
+        cleanup deletes in ascending order (docs/protocol.md §2). Looked at once a second at
+        most, when a poll found nothing new: a process whose cleaner keeps entries for less
+        than this client's follow window (``metadata.max.retention.ms`` set lower there) is
+        then behind for a second, not until its next listing."""
+        now = time.monotonic()
+        if state.seq < 0 or now - self._confirmed_at < CONFIRM_INTERVAL_S:
+            return False
+        self._confirmed_at = now
+        return not self.storage.exists(entry_name(state.seq))
 
     def _catch_up(self, state: ClusterState, seq: int) -> None:
         """Replay up to entry ``seq``. A directory listing is no snapshot: an entry created while
@@ -309,20 +333,19 @@ class MetadataLog:
             state.apply(seq, json.loads(data))
             self._state = state
             self._note_applied(seq, data)
-            self._maybe_snapshot(state)   # first: it marks the state's parts as written
+            self._maybe_snapshot(state, data)   # first: it marks the state's parts as written
             self._share(state)
             return seq, state
         raise KafkaStorageError(f"could not append to the metadata log after "
                                 f"{MAX_APPEND_ATTEMPTS} attempts")
 
-    def _maybe_snapshot(self, state: ClusterState) -> None:
+    def _maybe_snapshot(self, state: ClusterState, entry: bytes) -> None:
+        """``entry``: the bytes of entry ``state.seq``, which this process just created (not
+        read back: on an object store that is a request per snapshot)."""
         if self.snapshot_interval <= 0 or (state.seq % self.snapshot_interval
                                            and state.replay_changes < SNAPSHOT_REPLAY_CHANGES):
             return
         if state.unwritable_features():
-            return
-        entry = self._entry_bytes(state.seq)
-        if entry is None:
             return
         snaps.write(self.storage, LOG_DIR, snapshot_name(state.seq), state, entry)
 
