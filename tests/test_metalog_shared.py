@@ -16,16 +16,27 @@ from pyspark_kafkalog.format.records import Record
 
 @pytest.fixture
 def applied(monkeypatch):
-    """The entries replayed from storage (by number), in this process."""
-    seen = []
-    original = metalog.MetadataLog._apply_entry
+    """The entries replayed (by number) in this process, a writer's own appends included,
+    whether found by a listing or read by number; ``applied.listings`` counts the listings."""
+    seen = Seen()
+    original = ClusterState.apply
+    listing = metalog.MetadataLog._listing
 
-    def counting(self, state, seq):
+    def counting(self, seq, entry):
         seen.append(seq)
-        return original(self, state, seq)
-    monkeypatch.setattr(metalog.MetadataLog, "_apply_entry", counting)
+        return original(self, seq, entry)
+
+    def listed(self):
+        seen.listings += 1
+        return listing(self)
+    monkeypatch.setattr(ClusterState, "apply", counting)
+    monkeypatch.setattr(metalog.MetadataLog, "_listing", listed)
     monkeypatch.setattr(metalog, "_SHARED", {})
     return seen
+
+
+class Seen(list):
+    listings = 0
 
 
 def produce(url, n=3):
@@ -38,6 +49,7 @@ def test_a_second_open_replays_only_the_entries_written_since(tmp_path, applied)
     url = str(tmp_path / "c")
     Cluster(url).create_topic("t", 2)
     produce(url)
+    applied.clear()
     first = Cluster(url, create=False, shared_state=True).state()
     # everything once, after the snapshot every new cluster has (entry 0's)
     assert applied == list(range(1, first.seq + 1))
@@ -46,8 +58,11 @@ def test_a_second_open_replays_only_the_entries_written_since(tmp_path, applied)
     assert applied == []
     produce(url, 1)   # another writer (not sharing) appends two entries: reserve, commit
     applied.clear()
+    listings = applied.listings
     again = Cluster(url, create=False, shared_state=True).state()
     assert applied == [first.seq + 1, first.seq + 2] and again.seq == first.seq + 2
+    # read by number from the shared state: the process listed the log moments ago
+    assert applied.listings == listings
     # and the state is the one a fresh replay computes
     applied.clear()
     fresh = Cluster(url, create=False).state()

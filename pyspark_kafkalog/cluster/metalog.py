@@ -49,10 +49,11 @@ CONFIRM_INTERVAL_S = 1.0
 #: States replayed in this process, for the logs that opt in (``share_key``): Spark runs many
 #: write tasks in one reused Python worker, and each opened its cluster by replaying every entry
 #: since the newest snapshot, up to 49 entries of 1,000 partitions each (about 10 ms apiece).
-#: Held as ``share_key -> (sha256 of entry seq's bytes, state after seq)``. Only a cache: a
-#: state is used only while its entry is still on storage with the same bytes, and only as a
-#: starting point, which the usual listing and catch-up then bring up to date.
-_SHARED: Dict[tuple, Tuple[str, ClusterState]] = {}
+#: Held as ``share_key -> (sha256 of entry seq's bytes, state after seq, time.monotonic() of
+#: the listing it descends from, or None)``. Only a cache: a state is used only while its entry
+#: is still on storage with the same bytes, and only as a starting point, which a catch-up by
+#: number (within the listing's follow window) or a listing then brings up to date.
+_SHARED: Dict[tuple, Tuple[str, ClusterState, Optional[float]]] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -167,7 +168,7 @@ class MetadataLog:
         snapshot, which holds no per-action results: a writer reads its own entry's outcome."""
         if self._state is not None and not refresh:
             return self._state
-        if self._may_follow():
+        if self._may_follow() or self._start_from_shared():
             return self.poll()[0]
         state = self._state
         listed_at = time.monotonic()
@@ -196,6 +197,26 @@ class MetadataLog:
         self._share(state)
         return state
 
+    def _start_from_shared(self) -> bool:
+        """A first open in a process that listed this log recently (Spark's reused Python
+        workers: a write task after another) starts from the state it shares and follows the
+        log by number from there, without listing it: only while the listing it came from is
+        within :attr:`follow_window_s`, and its newest entry is still there with the bytes
+        it was replayed from (a cluster made again at the same URL is not the same log)."""
+        if self._state is not None or self.share_key is None:
+            return False
+        with _SHARED_LOCK:
+            held = _SHARED.get(self.share_key)
+        if held is None or held[2] is None \
+                or time.monotonic() - held[2] >= self.follow_window_s:
+            return False
+        data = self._entry_bytes(held[1].seq)
+        if data is None or hashlib.sha256(data).hexdigest() != held[0]:
+            return False
+        self._applied = (held[1].seq, held[0])
+        self._state, self._listed_at = held[1], held[2]
+        return True
+
     def _shared_state(self, entries: List[int]) -> Optional[ClusterState]:
         """The newest state this process replayed of this log, if its entry is still there
         with the bytes it was replayed from (a cluster made again at the same URL is not)."""
@@ -215,7 +236,7 @@ class MetadataLog:
         with _SHARED_LOCK:
             held = _SHARED.get(self.share_key)
             if held is None or held[1].seq < state.seq:
-                _SHARED[self.share_key] = (self._applied[1], state)
+                _SHARED[self.share_key] = (self._applied[1], state, self._listed_at)
 
     def _note_applied(self, seq: int, data: bytes) -> None:
         if self.share_key is not None:
