@@ -3,8 +3,23 @@
 __version__ = "0.1.0"
 
 
+def __getattr__(name):
+    """``DefaultSource``: what PySpark 4 registers by itself, at a session's first data-source
+    call, for every importable module named ``pyspark_*`` (``lookup_data_sources``), so that
+    ``format("kafkalog")`` works without :func:`register`. Looked up only then: importing this
+    package (the CLI, the admin API, that lookup's own worker) loads no Spark code."""
+    if name == "DefaultSource":
+        from .spark.datasource import KafkaLogDataSource
+        return KafkaLogDataSource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def register(spark, *, filter_pushdown: bool = False) -> None:
-    """Register the ``kafkalog`` format with a SparkSession: the one line users add.
+    """Register the ``kafkalog`` format with a SparkSession. PySpark 4 finds the format by
+    itself (``DefaultSource`` above); this adds what only a call in the session can: the
+    session's file-packing settings for planning reads (``spark.sql.files.maxPartitionBytes``,
+    ``openCostInBytes``, ``minPartitionNum``: a planner worker cannot read the session's conf),
+    the default save mode, and filter pushdown.
 
     ``filter_pushdown=True`` also turns on ``spark.sql.python.filterPushdown.enabled`` and
     registers the reader that pushes filters on ``topic``, ``partition``, ``offset`` and

@@ -783,3 +783,19 @@ def test_user_errors_in_a_real_process_are_one_line(tmp_path):
         assert rc == 2 and out == "" and "Traceback" not in err, (argv, err)
         assert len(err.splitlines()) == 1 and needle in err, (argv, err)
     assert not (tmp_path / "typo").exists()
+
+
+def test_the_help_names_every_cluster_command_and_an_empty_group_list_says_so(tmp_path):
+    import argparse
+    from cli_support import run_main
+    from pyspark_kafkalog.cli.main import EPILOG, build_parser
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    listed = set(EPILOG.replace(",", " ").replace(".", " ").split())
+    assert set(sub.choices) <= listed, set(sub.choices) - listed
+    url = tmp_path / "c"
+    rc, out, err = run_main("--cluster", url, "topics", "--create", "--topic", "t")
+    assert rc == 0, err
+    rc, out, err = run_main("--cluster", url, "groups", "--list")
+    assert (rc, out) == (0, "No consumer groups.\n"), err
+    rc, out, err = run_main("--cluster", url, "groups", "--list", "--json")
+    assert (rc, out) == (0, ""), err

@@ -33,7 +33,7 @@ def common_parent() -> argparse.ArgumentParser:
     p.add_argument("--principal", metavar="P", default=argparse.SUPPRESS,
                    help="principal for ACL checks (default $KAFKALOG_PRINCIPAL, else User:<login>)")
     p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                   help="JSON lines instead of a table")
+                   help="JSON lines instead of a table (consume prints JSON lines either way)")
     return p
 
 

@@ -61,8 +61,11 @@ def run(args) -> int:
 
 def _list(args) -> int:
     admin = open_admin(args, "groups --list")
-    for g in admin.list_groups():
+    groups = admin.list_groups()
+    for g in groups:
         say(args, g, {"group": g})
+    if not groups and not args.json:   # rather than nothing at all
+        say(args, "No consumer groups.")
     return 0
 
 

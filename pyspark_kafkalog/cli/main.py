@@ -25,8 +25,9 @@ EXIT_DATA_ERROR = 1
 
 EPILOG = """\
 Log-dir commands: dump, recover, produce --log-dir DIR.
-Cluster commands (need --cluster URL): topics, produce, consume, offsets, delete-records,
-retention, groups, log-dirs, cleanup, repair, metadata, features, coordinator.
+Cluster commands (need --cluster URL): topics, configs, produce, consume, offsets,
+delete-records, retention, groups, log-dirs, reassign-partitions, cleanup, repair, metadata,
+features, coordinator.
 
 Output of the cluster commands: an aligned table for people; with --json one JSON object per
 line (one per table row; topics --describe: one per topic). consume always prints JSON lines.
