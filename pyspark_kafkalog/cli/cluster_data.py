@@ -15,7 +15,8 @@ from ..format import codecs
 from ..format.checkpoint import validate_topic_name
 from .cluster_common import (OUTPUT_HELP, columns, emit_rows, non_negative,
                              open_admin)
-from .jsonlines import parse_records
+from .console_format import (CONSUME_FORMAT_HELP, CONSUME_FORMATS, CONSUMER_PROPERTIES,
+                             TextPrinter, add_format_options, json_text_line, properties)
 
 ACK_COLUMNS = columns("topic", "partition", "offset")
 OFFSET_COLUMNS = columns("topic", "partition", "offset", "timestamp")
@@ -50,10 +51,9 @@ def run_produce(args) -> int:
     magic = cluster.topic_config(args.topic).magic
     if args.compression is not None:
         codecs.check_codec(codecs.codec_id(args.compression), magic)
-    lines = sys.stdin.readlines()
-    records = parse_records(lines, magic=2, now_ms=int(time.time() * 1000))
+    from .produce import read_records
+    records, numbers = read_records(args, magic=2, now_ms=int(time.time() * 1000))
     if magic < 2:
-        numbers = [i for i, line in enumerate(lines, 1) if line.strip()]
         for n, rec in zip(numbers, records):
             if rec.headers:
                 raise InvalidRecordError(f"line {n}: topic {args.topic!r} uses message format "
@@ -90,12 +90,16 @@ def report_throttle(args, admin) -> None:
 
 def add_consume_parser(sub, parents) -> None:
     p = sub.add_parser(
-        "consume", parents=parents, help="print committed records of a topic as JSON lines",
-        description="Read committed records of a topic, partition by partition.",
-        epilog="Output: always JSON lines, one per record, with the fields of `kafkalog dump "
-               "--json --deep-iteration --print-data-log` (no segment) plus topic and "
-               "partition: topic, partition, offset, timestamp, timestampType, magic, control, "
-               "transactional, producerId, key, value (base64 or null), headers [{key, value}]. "
+        "consume", parents=parents,
+        help="print committed records of a topic: JSON lines, or text as "
+             "kafka-console-consumer prints them",
+        description="Read committed records of a topic, partition by partition. "
+                    + CONSUME_FORMAT_HELP,
+        epilog="Output with --format json: one JSON object per record, with the fields of "
+               "`kafkalog dump --json --deep-iteration --print-data-log` (no segment) plus topic "
+               "and partition: topic, partition, offset, timestamp, timestampType, magic, "
+               "control, transactional, producerId, key, value (base64 or null), headers "
+               "[{key, value}]. "
                "With --group, partitions where the group has committed offsets resume from them "
                "unless --from names another start than earliest. Only offsets of records already "
                "written to stdout and flushed are committed: every --commit-interval-ms, at the "
@@ -108,6 +112,7 @@ def add_consume_parser(sub, parents) -> None:
                "1 if the topic is deleted. Records deleted (delete-records, retention) before it "
                "read them are skipped with a warning on stderr naming the lost offsets.")
     p.add_argument("--topic", required=True, metavar="T")
+    add_format_options(p, CONSUME_FORMATS, "output: json (default), json-text or text")
     p.add_argument("--partition", type=int, metavar="P", help="one partition (default: all)")
     p.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
                    help="earliest (default), latest, an offset (needs --partition) or "
@@ -174,7 +179,19 @@ def run_consume(args) -> int:
         report_throttle(args, admin)
 
 
+def _printer(args):
+    """``emit(record)`` in ``--format``: JSON lines (base64 or UTF-8 strings) or text bytes."""
+    props = properties(args.property, CONSUMER_PROPERTIES, args.format)
+    if args.format == "text":
+        sys.stdout.flush()   # text lines go to the byte stream under stdout
+        return TextPrinter(props)
+    if args.format == "json-text":
+        return lambda r: sys.stdout.write(json_text_line(record_json(r), r) + "\n")
+    return lambda r: sys.stdout.write(json.dumps(record_json(r)) + "\n")
+
+
 def _consume(args, admin) -> int:
+    emit = _printer(args)   # a bad --property is refused before anything is read
     out = sys.stdout
     interval = (COMMIT_INTERVAL_MS if args.commit_interval_ms is None
                 else args.commit_interval_ms) / 1000.0
@@ -205,12 +222,12 @@ def _consume(args, admin) -> int:
                              group=args.group, enable_auto_commit=False, **follow)
     if args.group is None:
         for r in consumer:
-            out.write(json.dumps(record_json(r)) + "\n")
+            emit(r)
         out.flush()
         return 0
     try:
         for r in consumer:
-            out.write(json.dumps(record_json(r)) + "\n")
+            emit(r)
             if time.monotonic() >= next_commit:
                 out.flush()
                 delivered = consumer.positions()

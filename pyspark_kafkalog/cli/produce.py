@@ -23,6 +23,8 @@ from ..log.config import LogConfig
 from ..log.logdir import LogDir
 from ..storage import open_storage
 from .cluster_common import refuse_cluster_dir, storage_options
+from .console_format import (FORMAT_HELP, PRODUCE_FORMATS, PRODUCER_PROPERTIES,
+                             add_format_options, properties, stdin_bytes, text_records)
 from .jsonlines import parse_records
 
 DEFAULT_LEADER_EPOCH = 0
@@ -39,9 +41,11 @@ RAW_ONLY = {"message_format_version": ("--message-format-version", 2),
 
 def add_parser(sub, parents=()) -> None:
     p = sub.add_parser("produce", parents=list(parents),
-                       help="append JSON-lines records from stdin to a log dir partition "
+                       help="append records from stdin (JSON lines, or text lines as "
+                            "kafka-console-producer reads them) to a log dir partition "
                             "(--log-dir) or a cluster topic (--cluster)",
-                       description="Append records read as JSON lines from stdin. With --log-dir, "
+                       description="Append records read from stdin (" + FORMAT_HELP + ") With "
+                                   "--log-dir, "
                                    "to one partition of a Kafka log dir, assigning offsets, "
                                    "rolling segments and maintaining indexes and checkpoints as "
                                    "a broker does. With --cluster, to a topic of a kafkalog "
@@ -50,6 +54,7 @@ def add_parser(sub, parents=()) -> None:
                        epilog="Output: one line per record, {topic, partition, offset}: JSON "
                               "lines with --log-dir; with --cluster an aligned table, or JSON "
                               "lines with --json.")
+    add_format_options(p, PRODUCE_FORMATS, "input: json (default) or text lines")
     p.add_argument("--log-dir", default=None, help="raw mode: the log dir (path or URL)")
     p.add_argument("--topic", required=True)
     p.add_argument("--partition", type=int, default=None,
@@ -123,6 +128,18 @@ def _batches(records, size: int):
         yield batch
 
 
+def read_records(args, *, magic: int, now_ms: int):
+    """Every record of stdin, in ``--format``, checked before anything is written, and the
+    number of the input line each came from."""
+    props = properties(args.property, PRODUCER_PROPERTIES, args.format)
+    if args.format == "text":
+        records = text_records(stdin_bytes(), props, magic=magic, now_ms=now_ms)
+        return records, list(range(1, len(records) + 1))
+    lines = sys.stdin.readlines()
+    numbers = [i for i, line in enumerate(lines, 1) if line.strip()]
+    return parse_records(lines, magic=magic, now_ms=now_ms), numbers
+
+
 def run(args) -> int:
     magic = args.message_format_version
     codec = codecs.codec_id(args.compression)
@@ -148,7 +165,7 @@ def run(args) -> int:
     refuse_cluster_dir(logdir_name, args, "produce --log-dir",
                        f"kafkalog --cluster {{root}} produce --topic {args.topic}{partition}")
     now_ms = int(time.time() * 1000)
-    records = parse_records(sys.stdin, magic=magic, now_ms=now_ms)
+    records, _ = read_records(args, magic=magic, now_ms=now_ms)
     if not records:
         return 0
     encoded = [encode_records(b, magic=magic, compression=codec, timestamp_type=CREATE_TIME)
