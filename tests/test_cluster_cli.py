@@ -737,7 +737,7 @@ def test_groups_list_describe_reset_delete(kl, url):
                                           "--group", "g")[1])] == [3]
     assert kl(*c, "--json", "groups", "--delete", "--group", "g") == (
         0, '{"group": "g", "deleted": true}\n', "")
-    assert kl(*c, "groups", "--list") == (0, "", "")
+    assert kl(*c, "groups", "--list") == (0, "No consumer groups.\n", "")
 
 
 @pytest.mark.parametrize("argv,needle", [

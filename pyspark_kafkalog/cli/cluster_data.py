@@ -16,7 +16,8 @@ from ..format.checkpoint import validate_topic_name
 from .cluster_common import (OUTPUT_HELP, columns, emit_rows, non_negative,
                              open_admin)
 from .console_format import (CONSUME_FORMAT_HELP, CONSUME_FORMATS, CONSUMER_PROPERTIES,
-                             TextPrinter, add_format_options, json_text_line, properties)
+                             TextPrinter, add_format_options, json_text_line, properties,
+                             read_records)
 
 ACK_COLUMNS = columns("topic", "partition", "offset")
 OFFSET_COLUMNS = columns("topic", "partition", "offset", "timestamp")
@@ -51,7 +52,6 @@ def run_produce(args) -> int:
     magic = cluster.topic_config(args.topic).magic
     if args.compression is not None:
         codecs.check_codec(codecs.codec_id(args.compression), magic)
-    from .produce import read_records
     records, numbers = read_records(args, magic=2, now_ms=int(time.time() * 1000))
     if magic < 2:
         for n, rec in zip(numbers, records):

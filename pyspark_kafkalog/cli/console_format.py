@@ -17,6 +17,7 @@ from typing import Dict, Iterable, List, Optional
 
 from ..errors import InvalidConfigError, InvalidRecordError
 from ..format.records import Record
+from .jsonlines import parse_records
 
 PRODUCE_FORMATS = ("json", "text")
 CONSUME_FORMATS = ("json", "json-text", "text")
@@ -104,6 +105,18 @@ def text_records(data: bytes, props: Dict[str, str], *, magic: int, now_ms: int)
             key, line = line[:at], line[at + len(sep):]
         out.append(Record(key, line, ts, ()))
     return out
+
+
+def read_records(args, *, magic: int, now_ms: int):
+    """Every record of stdin, in ``--format``, checked before anything is written, and the
+    number of the input line each came from."""
+    props = properties(args.property, PRODUCER_PROPERTIES, args.format)
+    if args.format == "text":
+        records = text_records(stdin_bytes(), props, magic=magic, now_ms=now_ms)
+        return records, list(range(1, len(records) + 1))
+    lines = sys.stdin.readlines()
+    numbers = [i for i, line in enumerate(lines, 1) if line.strip()]
+    return parse_records(lines, magic=magic, now_ms=now_ms), numbers
 
 
 def _text(value: Optional[bytes], what: str, offset: int) -> Optional[str]:

@@ -23,9 +23,7 @@ from ..log.config import LogConfig
 from ..log.logdir import LogDir
 from ..storage import open_storage
 from .cluster_common import refuse_cluster_dir, storage_options
-from .console_format import (FORMAT_HELP, PRODUCE_FORMATS, PRODUCER_PROPERTIES,
-                             add_format_options, properties, stdin_bytes, text_records)
-from .jsonlines import parse_records
+from .console_format import FORMAT_HELP, PRODUCE_FORMATS, add_format_options, read_records
 
 DEFAULT_LEADER_EPOCH = 0
 MAX_BATCH_BYTES = 1 << 20
@@ -126,18 +124,6 @@ def _batches(records, size: int):
         batch_bytes += rec_bytes
     if batch:
         yield batch
-
-
-def read_records(args, *, magic: int, now_ms: int):
-    """Every record of stdin, in ``--format``, checked before anything is written, and the
-    number of the input line each came from."""
-    props = properties(args.property, PRODUCER_PROPERTIES, args.format)
-    if args.format == "text":
-        records = text_records(stdin_bytes(), props, magic=magic, now_ms=now_ms)
-        return records, list(range(1, len(records) + 1))
-    lines = sys.stdin.readlines()
-    numbers = [i for i, line in enumerate(lines, 1) if line.strip()]
-    return parse_records(lines, magic=magic, now_ms=now_ms), numbers
 
 
 def run(args) -> int:

@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CorruptRecordError, KafkaLogError, KafkaStorageError, StorageNotFoundError
 from ..log import segment_merge as SM
-from ..log.segment import INDEX_SUFFIX, LOG_SUFFIX, LogSegment, TIMEINDEX_SUFFIX, segment_name
+from ..log.segment import LOG_SUFFIX, LogSegment, segment_name
 from . import actions as A
 from .features import SEGMENT_MERGE
 from .garbage import SEGMENT_SUFFIXES
@@ -102,7 +102,6 @@ def finish_dir(storage, d: str, config, visible, now_s: float,
                 out.rebuilt.append(f"{d}/{b:020d}")
     bases = [b for b in sorted(logs) if visible(b)]
     covered: Dict[int, int] = {}   # covered base -> the base covering it
-    reach = None                   # (end, base) of the furthest-reaching segment so far
     for i, b in enumerate(bases[:-1]):
         if b in covered:
             continue
