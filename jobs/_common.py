@@ -8,6 +8,7 @@ planned against, and none of them replays the metadata log.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from typing import Callable, List, Sequence, Tuple, TypeVar
 
@@ -46,3 +47,19 @@ def fan_out(spark, items: Sequence[Tuple[str, int]], fn: Callable[[List[Tuple[st
     sc = spark.sparkContext
     slices = max(1, min(len(items), sc.defaultParallelism * 4))
     return sc.parallelize(items, slices).mapPartitions(lambda it: fn(list(it))).collect()
+
+
+# -- the quickstarts ---------------------------------------------------------------------------
+
+QUICKSTART_MARK = ".kafkalog-quickstart"
+
+
+def start_afresh(path: str) -> None:
+    """Delete what a quickstart left at ``path``: only a directory a quickstart made (it holds
+    ``QUICKSTART_MARK``), so that a mistyped ``--cluster`` never deletes anything else."""
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, QUICKSTART_MARK)):
+        sys.exit(f"{path} exists and was not made by a quickstart: pass --keep to use it as it "
+                 "is, or another --cluster")
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    open(os.path.join(path, QUICKSTART_MARK), "w").close()

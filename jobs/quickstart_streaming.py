@@ -11,22 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 
-
-MARK = ".kafkalog-quickstart"
-
-
-def start_afresh(path: str) -> None:
-    """Delete what a quickstart left at ``path``: only a directory a quickstart made (it holds
-    ``MARK``), so that a mistyped ``--cluster`` never deletes anything else."""
-    if os.path.isdir(path) and not os.path.exists(os.path.join(path, MARK)):
-        sys.exit(f"{path} exists and was not made by a quickstart: pass --keep to use it as it "
-                 "is, or another --cluster")
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
-    open(os.path.join(path, MARK), "w").close()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import start_afresh  # noqa: E402  (jobs/: run as a script or loaded by path)
 
 
 def main(argv=None, spark=None) -> int:
