@@ -331,3 +331,36 @@ def test_repair_command_line_errors(tmp_path):
         assert rc == 2 and needle in err and len(err.splitlines()) == 1, err
     rc, out, err = run_cli("--cluster", tmp_path / "none", "repair", "--topic", "t")
     assert rc == 2 and "not a kafkalog cluster" in err and not (tmp_path / "none").exists()
+
+
+def test_a_damaged_segment_names_the_read_only_check_first(tmp_path):
+    """Issue #36: the message a reader gets names `dump --index-sanity-check` (which only
+    reads), then the repair's --dry-run, then the repair; for a Kafka log dir (a copy), the
+    recovery's warning that it rewrites the directory."""
+    root = tmp_path / "kl"
+    make_cluster(root)
+    damaged = segments(root)[1]
+    hs = batches(damaged)
+    flip(damaged, hs[1].position + hs[1].size // 2)
+    with pytest.raises(CorruptRecordError) as info:
+        spark_less_read(root)
+    msg = str(info.value)
+    check = msg.index("dump --index-sanity-check --files")
+    dry = msg.index("repair --topic t --partition 0 --dry-run")
+    assert check < dry < msg.rindex("replaces it with its intact batches")
+    assert "never on a broker's" not in msg
+    # the same damage in a plain Kafka log dir (a copy of the partition)
+    import shutil
+    from pyspark_kafkalog.cluster.range_reader import read_range
+    from pyspark_kafkalog.cluster.read_plan import plan
+    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.spark.read_options import ReadOptions
+    copy = tmp_path / "copy"
+    shutil.copytree(damaged.parent, copy / "t-0")
+    opts = ReadOptions.parse({"path": str(copy), "subscribe": "t"})
+    with pytest.raises(CorruptRecordError) as info:
+        for task in plan(open_source(str(copy)), opts):
+            list(read_range(task, include_headers=False))
+    msg = str(info.value)
+    assert msg.index("dump --index-sanity-check") < msg.index("recover ")
+    assert "--dry-run" in msg and "never on a broker's" in msg

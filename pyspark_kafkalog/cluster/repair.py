@@ -126,9 +126,12 @@ def damaged_segment_error(exc: CorruptRecordError, seg: LogSegment, position: Op
     if detail.startswith(prefix):
         detail = detail[len(prefix):]
     where = f"{seg.storage.url.rstrip('/')}/{seg.log_path}"
-    err = CorruptRecordError(f"{where}: {detail}. The segment is damaged: `{fix}` replaces it "
-                             "with its intact batches (add --dry-run to see what would be lost)",
-                             exc.position)
+    rewrites = (" (it rewrites that directory: run it on a copy of a Kafka log dir, never on a "
+                "broker's)" if fix.startswith("kafkalog recover") else "")
+    err = CorruptRecordError(f"{where}: {detail}. The segment is damaged. `kafkalog dump "
+                             f"--index-sanity-check --files {where}` shows where (it only reads); "
+                             f"`{fix} --dry-run` shows what mending it would lose, and `{fix}` "
+                             f"replaces it with its intact batches{rewrites}", exc.position)
     return err
 
 
