@@ -21,6 +21,7 @@ from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
 from . import actions as A
 from . import isr as R
+from .merge_replay import MergeReplay
 from .replication_replay import ReplicationReplay
 from . import quotas as Q
 from .features import (CLIENT_QUOTAS, CONFIG_FEATURES, COORDINATOR_LEASE, LOG_DIR_REGISTRY,
@@ -46,7 +47,7 @@ def chunk_of(partition: int) -> int:
     return partition // PARTITIONS_PER_PART
 
 
-class ClusterState(ReplicationReplay):
+class ClusterState(ReplicationReplay, MergeReplay):
     def __init__(self):
         self.seq = -1
         self.timestamp = -1
@@ -532,43 +533,6 @@ class ClusterState(ReplicationReplay):
                     if info.get("acks") == "all":
                         R.add_acked(p, start, end)
             self._decide(txn, "committed")
-        return A.Result()
-
-    def _merge_segments(self, a: A.MergeSegments, ts: int) -> A.Result:
-        """Segment merges of one partition (§4.1): valid when planned on the partition's last
-        merge, and every run is committed data, contiguous, at or above the log start offset
-        and below the high watermark. Nothing else changes: the entry is what lets the merger
-        replace the files, and what orders two mergers."""
-        if SEGMENT_MERGE not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"merge_segments needs the feature {SEGMENT_MERGE}, "
-                           "which this cluster has not enabled")
-        info = self.topics.get(a.topic)
-        key = tp_key(a.topic, a.partition)
-        ps = self.partitions.get(key)
-        if info is None or ps is None or info["topic_id"] != a.topic_id:
-            return A.error("UNKNOWN_TOPIC_OR_PARTITION", f"no partition {a.topic}-{a.partition} "
-                           f"of topic id {a.topic_id}")
-        last = self.segment_merges.get(key, -1)
-        if a.after != last:
-            return A.error("INVALID_UPDATE_VERSION", f"{key}: planned after merge {a.after}, but "
-                           f"the partition's last merge is {last}")
-        if not a.runs or not a.log_dirs:
-            return A.error("INVALID_REQUEST", "merge_segments needs runs and log dirs")
-        previous_end = None
-        for base, end, segments, size in a.runs:
-            if segments < 2 or size < 1 or not base < end or (
-                    previous_end is not None and base < previous_end):
-                return A.error("INVALID_REQUEST", f"{key}: run {[base, end, segments, size]} is "
-                               "not two or more segments in offset order")
-            if base < ps.log_start_offset or end > ps.high_watermark:
-                return A.error("OFFSET_OUT_OF_RANGE", f"{key}: run [{base}, {end}) is not between "
-                               f"the log start offset {ps.log_start_offset} and the high "
-                               f"watermark {ps.high_watermark}")
-            if ps.contiguous_committed_end(base) < end:
-                return A.error("INVALID_REQUEST", f"{key}: run [{base}, {end}) is not all "
-                               "committed data")
-            previous_end = end
-        self.segment_merges = dict(self.segment_merges, **{key: self.seq + 1})
         return A.Result()
 
     def _stream_commit(self, a: A.StreamCommit, ts: int) -> A.Result:
