@@ -208,13 +208,20 @@ class MetadataLog:
         with _SHARED_LOCK:
             held = _SHARED.get(self.share_key)
         if held is None or held[2] is None \
-                or time.monotonic() - held[2] >= self.follow_window_s:
+                or time.monotonic() - held[2] >= self.follow_window_s \
+                or not self._still_current(held):
             return False
+        self._state, self._listed_at = held[1], held[2]
+        return True
+
+    def _still_current(self, held) -> bool:
+        """Whether a shared state's entry is still on storage with the bytes it was replayed
+        from (a cluster made again at the same URL is not the same log); if so, this log goes
+        on from it."""
         data = self._entry_bytes(held[1].seq)
         if data is None or hashlib.sha256(data).hexdigest() != held[0]:
             return False
         self._applied = (held[1].seq, held[0])
-        self._state, self._listed_at = held[1], held[2]
         return True
 
     def _shared_state(self, entries: List[int]) -> Optional[ClusterState]:
@@ -222,12 +229,9 @@ class MetadataLog:
         with the bytes it was replayed from (a cluster made again at the same URL is not)."""
         with _SHARED_LOCK:
             held = _SHARED.get(self.share_key)
-        if held is None or not entries or not entries[0] <= held[1].seq <= entries[-1]:
+        if held is None or not entries or not entries[0] <= held[1].seq <= entries[-1] \
+                or not self._still_current(held):
             return None
-        data = self._entry_bytes(held[1].seq)
-        if data is None or hashlib.sha256(data).hexdigest() != held[0]:
-            return None
-        self._applied = (held[1].seq, held[0])
         return held[1]
 
     def _share(self, state: ClusterState) -> None:
@@ -370,22 +374,6 @@ class MetadataLog:
             return
         snaps.write(self.storage, LOG_DIR, snapshot_name(state.seq), state, entry)
 
-    def newest_verified_snapshot(self, snapshots: List[int], entries: List[int]
-                                 ) -> Optional[int]:
-        """The newest snapshot that proves itself whole (checksum, entry hash, every part):
-        the one a cold open would start from, so everything before it may go."""
-        for seq in reversed(snapshots):
-            if entries and seq > entries[-1]:
-                continue
-            try:
-                snap = self._read_json(snapshot_name(seq))
-                if snaps.verified(snap, seq, self._entry_bytes(seq)):
-                    snaps.load(self.storage, LOG_DIR, snap)   # its parts, by their hashes
-                    return seq
-            except (CorruptRecordError, StorageNotFoundError):
-                continue
-        return None
-
     def cleanup(self, *, min_age_ms: Optional[int] = None) -> List[str]:
         """Delete entries and snapshots below the newest verified snapshot, and the parts no
         kept snapshot names, once older than ``min_age_ms`` (default: this client's
@@ -396,8 +384,11 @@ class MetadataLog:
         The snapshot's own entry stays: it proves the snapshot (``entry_sha256``)."""
         min_age_ms = self.retention_ms if min_age_ms is None else min_age_ms
         entries, snapshots = self._listing()
-        keep_from = self.newest_verified_snapshot(snapshots, entries)
-        if keep_from is None:
+        try:   # the snapshot a cold open starts from (it proves itself, parts included)
+            keep_from = self._load_base(snapshots, entries).seq
+        except CorruptRecordError:
+            return []   # no way to the past but the entries: keep them all
+        if keep_from < 0:
             return []
         now = self.storage.clock(LOG_DIR)   # compared with the files' mtimes: their clock
         removed = []
