@@ -128,16 +128,17 @@ class PartitionState:
             j -= 1
         return [[c[j][0], kept[0][1], kept[0][2]]] + kept[1:]
 
-    def contiguous_committed_end(self, offset: int) -> int:
+    def contiguous_committed_end(self, offset: int, upto: Optional[int] = None) -> int:
         """Where the committed data from ``offset`` on stops without a gap: the end of the
         committed range holding it, carried on through the ranges that begin where the one
-        before ends (writes of other epochs); ``offset`` itself if it is not committed."""
+        before ends (writes of other epochs); ``offset`` itself if it is not committed.
+        ``upto``: the caller needs no more than this (the walk stops once it is reached)."""
         i = bisect.bisect_right(self.committed, offset, key=_start) - 1
         if i < 0 or offset >= self.committed[i][1]:
             return offset
         end = self.committed[i][1]
         for start, e, _epoch in self.committed[i + 1:]:
-            if start != end:
+            if start != end or upto is not None and end >= upto:
                 break
             end = e
         return end

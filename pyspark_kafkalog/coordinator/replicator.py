@@ -351,7 +351,6 @@ class Replicator:
             for r in behind:
                 result.failures[f"{key} {r}"] = f"listing the leader {leader}: {exc}"
             return
-        lo = ps.log_start_offset
         members = ps.replication["isr"] + ps.replication["joining"]
         for r in behind:
             held = ps.replication["held"].get(r, [])
@@ -359,7 +358,7 @@ class Replicator:
             todo = []   # (base, span, is_open) of the segments r lacks, lowest first
             for i, base in enumerate(bases):
                 nxt = bases[i + 1] if i + 1 < len(bases) else None
-                span = _segment_span(ps.committed, base, nxt, lo)
+                span = _segment_span(ps, base, nxt)
                 is_open = False
                 if span is None and r in members:
                     # an open acks=all range: its writer waits for this copy to commit
@@ -466,7 +465,7 @@ class Replicator:
             if not stem.isdigit() or suffix not in ("log", "index", "timeindex", "txnindex"):
                 continue
             base = int(stem)
-            if _segment_span(ps.committed, base, None, ps.log_start_offset) is None \
+            if _segment_span(ps, base, None) is None \
                     and not _open_span(_open_acks_all(state, tp_key(topic, p)), base):
                 doomed.append(name)
         if doomed:
@@ -543,25 +542,18 @@ def _has_replicated_topic(state) -> bool:
     return any(len(r) > 1 for info in state.topics.values() for r in info["replicas"])
 
 
-def _segment_span(committed: List[list], base: int, nxt: Optional[int],
-                  log_start: int) -> Optional[Tuple[int, int]]:
+def _segment_span(ps, base: int, nxt: Optional[int]) -> Optional[Tuple[int, int]]:
     """The offsets a follower holds once it has the leader's segment at ``base``: from the base
     (or the log start offset) to the next segment's base, within the gapless stretch of
     committed ranges the segment begins in (a segment as written lies in one reservation; a
     merged one, protocol §4.1, in committed ranges that follow each other). None when the
     segment is not committed data at or above the log start offset (open, aborted, or
     deleted)."""
-    for i, (s, e, _epoch) in enumerate(committed):
-        if s <= base < e:
-            for s2, e2, _ in committed[i + 1:]:
-                if nxt is not None and e >= nxt or s2 != e:
-                    break
-                e = e2
-            lo, hi = max(base, log_start), e if nxt is None else min(e, nxt)
-            return (lo, hi) if lo < hi else None
-        if s > base:
-            break
-    return None
+    end = ps.contiguous_committed_end(base, nxt)
+    if end == base:
+        return None
+    lo, hi = max(base, ps.log_start_offset), end if nxt is None else min(end, nxt)
+    return (lo, hi) if lo < hi else None
 
 
 def _open_acks_all(state, key: str) -> List[list]:
