@@ -49,6 +49,19 @@ def fan_out(spark, items: Sequence[Tuple[str, int]], fn: Callable[[List[Tuple[st
     return sc.parallelize(items, slices).mapPartitions(lambda it: fn(list(it))).collect()
 
 
+def report(name: str, rows, summary: str, offline) -> int:
+    """A maintenance job's end: one JSON line per row on stdout, the summary on stderr, then
+    the offline log dirs' error (the rest was done) and its exit status."""
+    import json
+    for row in rows:
+        print(json.dumps(row))
+    print(f"{name}: {summary}", file=sys.stderr)
+    if offline is not None:
+        print(f"{name}: error: {offline.error_name}: {offline}", file=sys.stderr)
+        return 1
+    return 0
+
+
 # -- the quickstarts ---------------------------------------------------------------------------
 
 QUICKSTART_MARK = ".kafkalog-quickstart"

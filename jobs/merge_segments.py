@@ -13,11 +13,10 @@ runs; this job is for clusters too large for one process.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 
-from _common import spark_fan_out, spark_session
+from _common import report, spark_fan_out, spark_session
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.maintenance import merge_segments, offline_error
 
@@ -56,17 +55,12 @@ def main(argv=None) -> int:
                    spark=spark, min_partitions_for_spark=args.min_partitions_for_spark)
     except OfflineLogDirError as exc:   # the rest was done: reported, then the error
         done, offline = exc.done, exc
-    for d in done:
-        print(json.dumps(d))
     runs = sum(len(d["merged"]) for d in done)
-    print(f"merge_segments: {runs} runs merged in {sum(1 for d in done if d['merged'])} "
-          f"partitions, {sum(sum(r[2] for r in d['merged']) for d in done)} segments into "
-          f"{runs}, {sum(d['bytes_written'] for d in done)} bytes written, "
-          f"{sum(len(d['deleted']) for d in done)} covered segments deleted", file=sys.stderr)
-    if offline is not None:
-        print(f"merge_segments: error: {offline.error_name}: {offline}", file=sys.stderr)
-        return 1
-    return 0
+    return report("merge_segments", done,
+                  f"{runs} runs merged in {sum(1 for d in done if d['merged'])} partitions, "
+                  f"{sum(sum(r[2] for r in d['merged']) for d in done)} segments into {runs}, "
+                  f"{sum(d['bytes_written'] for d in done)} bytes written, "
+                  f"{sum(len(d['deleted']) for d in done)} covered segments deleted", offline)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,10 @@ itself is ``pyspark_kafkalog.cluster.maintenance.retention``, the same as ``kafk
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict
 
-from _common import spark_fan_out, spark_session
+from _common import report, spark_fan_out, spark_session
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.maintenance import retention
 from pyspark_kafkalog.errors import OfflineLogDirError
@@ -47,15 +46,10 @@ def main(argv=None) -> int:
                     min_partitions_for_spark=args.min_partitions_for_spark)
     except OfflineLogDirError as exc:   # the rest was done: reported, then the error
         plans, offline = exc.done, exc
-    for p in plans:
-        print(json.dumps(p))
-    print(f"retention: {len(plans)} partitions trimmed, {sum(len(p['segments']) for p in plans)} "
-          f"segments, {sum(p['bytes'] for p in plans)} bytes{' (dry run)' if args.dry_run else ''}",
-          file=sys.stderr)
-    if offline is not None:
-        print(f"retention: error: {offline.error_name}: {offline}", file=sys.stderr)
-        return 1
-    return 0
+    return report("retention", plans,
+                  f"{len(plans)} partitions trimmed, {sum(len(p['segments']) for p in plans)} "
+                  f"segments, {sum(p['bytes'] for p in plans)} bytes"
+                  f"{' (dry run)' if args.dry_run else ''}", offline)
 
 
 if __name__ == "__main__":
