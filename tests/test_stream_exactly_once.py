@@ -18,6 +18,7 @@ CHILD = Path(__file__).parent / "procs" / "stream_child.py"
 KILLS = int(os.environ.get("KAFKALOG_STREAM_KILLS", "3"))
 START_DEADLINE_S = 300
 BACKLOG = 1500
+PER_TRIGGER = 100     # the gap closes in 15 batches
 
 
 def spark_home_without_zips(where: Path) -> str:
@@ -106,14 +107,12 @@ def test_killed_drivers_and_a_fast_catch_up_restart_are_exactly_once(tmp_path):
         admin.produce("in", [(f"old-{j}".encode(), f"old-{j}".encode())
                              for j in range(i, i + 500)])
     opts = {"fastCatchUp": "true", "fastCatchUpThreshold": BACKLOG // 2,
-            "fastCatchUpRecordsPerTrigger": 250}
+            "fastCatchUpRecordsPerTrigger": PER_TRIGGER}
     d = spawn("driver", root, ck, json.dumps(opts), spark_home=home)
     try:
         wait_for(d, lambda line: line.startswith("batch "))
         admin.produce("in", [(b"fresh-0", b"fresh-0"), (b"fresh-1", b"fresh-1")])
-        sink = sink_has(admin, lambda s: {"FRESH-0", "FRESH-1"} <= s)
-        # fresh records first: they are in the sink while the gap is still open
-        assert len([v for v in sink if v.startswith("OLD-")]) < BACKLOG, "the gap had closed"
+        sink_has(admin, lambda s: {"FRESH-0", "FRESH-1"} <= s)
         source = values(admin, "in")
         sink_has(admin, lambda s: len(s) == len(source))     # caught up
         end = time.monotonic() + START_DEADLINE_S
@@ -125,7 +124,16 @@ def test_killed_drivers_and_a_fast_catch_up_restart_are_exactly_once(tmp_path):
     finally:
         d.kill()
         d.wait()
-    sink = values(admin, "out")
+    # fresh records first: the gap was still open when they were written. Read from the sink's
+    # order, not from when this process happened to look: a batch moves the gap by at most
+    # PER_TRIGGER records, so more than that many OLD records after FRESH-0 in its partition
+    # means a later batch went on filling the gap.
+    out = list(admin.consume("out"))
+    fresh = next(r for r in out if r.value == b"FRESH-0")
+    later_old = [r for r in out if r.partition == fresh.partition and r.offset > fresh.offset
+                 and r.value.startswith(b"OLD-")]
+    assert len(later_old) > PER_TRIGGER, f"the gap had closed ({len(later_old)} OLD after FRESH)"
+    sink = [r.value.decode() for r in out]
     assert len(source) == len(set(source)) and set(acked) <= set(source)
     assert sorted(sink) == sorted(v.upper() for v in source)      # each exactly once
     assert all(row.lag == 0 for row in lag), lag
