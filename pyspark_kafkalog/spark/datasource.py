@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource
 
+from ..errors import KafkaLogError
 from .options import ReadOptions, WriteOptions
 from .schema import kafka_schema
+from .surface import failed_stream_reader, surfaces_errors
 
 
+@surfaces_errors
 class KafkaLogDataSource(DataSource):
     #: ``read_options.session_defaults`` of the session ``register`` ran in
     session: dict = {}
@@ -34,8 +37,11 @@ class KafkaLogDataSource(DataSource):
 
     def streamReader(self, schema):
         from .stream_reader import KafkaLogStreamReader
-        return KafkaLogStreamReader(ReadOptions.parse(self.options, session=self.session,
-                                                      streaming=True), schema)
+        try:
+            return KafkaLogStreamReader(ReadOptions.parse(self.options, session=self.session,
+                                                          streaming=True), schema)
+        except KafkaLogError as err:
+            return failed_stream_reader(err)
 
     def writer(self, schema, overwrite: bool):
         from .writer import KafkaLogWriter
@@ -47,6 +53,7 @@ class KafkaLogDataSource(DataSource):
                                     overwrite)
 
 
+@surfaces_errors
 class KafkaLogPushdownDataSource(KafkaLogDataSource):
     """``kafkalog`` with filter pushdown (see ``reader.KafkaLogPushdownReader`` for why opt-in)."""
 

@@ -36,6 +36,7 @@ from . import worker_gc
 from .quota import log_throttled, plan_coordinator, task_quota
 from .read_options import ReadOptions
 from .schema import kafka_schema
+from .surface import surfaces_errors
 
 _NEVER_NULL = {"topic", "partition", "offset", "timestamp", "timestampType"}
 _EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
@@ -246,6 +247,7 @@ def checked_options(options: ReadOptions, schema) -> ReadOptions:
     return options
 
 
+@surfaces_errors
 class KafkaLogReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema):
         self.options = checked_options(options, schema)
@@ -277,6 +279,7 @@ class KafkaLogReader(DataSourceReader):
         return read_split(split, self.options)
 
 
+@surfaces_errors
 class KafkaLogPushdownReader(KafkaLogReader):
     """The reader with ``pushFilters``; used only when ``register(spark, filter_pushdown=True)``.
 

@@ -31,6 +31,7 @@ from . import worker_gc
 from .read_options import ReadOptions
 from .quota import plan_coordinator
 from .reader import KafkaLogInputPartition, checked_options, read_split
+from .surface import surfaces_errors
 
 log = logging.getLogger(__name__)
 TopicPartition = Tuple[str, int]
@@ -44,6 +45,7 @@ def _name(tp: TopicPartition) -> str:
     return f"{tp[0]}-{tp[1]}"
 
 
+@surfaces_errors
 class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions, schema):
         self.options = checked_options(options, schema)

@@ -28,6 +28,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter
 
 from ..cluster.spark_job import abort_stream_batch, commit_stream_batch, stream_producer_id
 from ..errors import InvalidConfigError, InvalidRequestError
+from .surface import surfaces_errors
 from .write_options import WriteOptions
 from .writer import (KafkaLogCommitMessage, pending_writes, prepare_sink, report_throttle,
                      sink_cluster, write_task)
@@ -46,6 +47,7 @@ class KafkaLogStreamCommitMessage(KafkaLogCommitMessage):
     producer: str = ""
 
 
+@surfaces_errors
 class KafkaLogStreamWriter(DataSourceStreamArrowWriter):
     """Created on the driver for each micro-batch (``DataSource.streamWriter``), pickled to its
     tasks; created again on the driver to commit or abort it."""

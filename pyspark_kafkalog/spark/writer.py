@@ -38,6 +38,7 @@ from ..coordinator.quota_client import ThrottleStats, planned_coordinator
 from ..errors import InvalidConfigError
 from . import worker_gc
 from .quota import log_throttled, task_quota
+from .surface import surfaces_errors
 from .write_options import WriteOptions
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ def pending_writes(messages) -> List[PendingWrite]:
             for p in m.pending_writes()]
 
 
+@surfaces_errors
 class KafkaLogWriter(DataSourceArrowWriter):
     """Created on the driver (``DataSource.writer``), pickled to every task and to the commit."""
 
