@@ -123,7 +123,7 @@ def run_retention(args) -> int:
     tps = cluster.partitions(cluster.state())
     now = cluster.storage_now_ms()   # segment times are judged by one clock, not ours
     plans, offline = [], []
-    with Progress(len(tps), "retention") as bar:
+    with Progress(len(tps), "retention", enabled=False if args.json else None) as bar:
         for i in range(0, len(tps), RETENTION_CHUNK):
             chunk = [TopicPartition(*tp) for tp in tps[i:i + RETENTION_CHUNK]]
             try:

@@ -15,10 +15,12 @@ from typing import List, Optional
 
 from .. import __version__
 from ..errors import KafkaLogError
+from ..progress import observed
 from . import (cluster_data, cluster_groups, cluster_maint, cluster_metadata, cluster_topics,
                dump, produce, recover)
 from . import cluster_configs, cluster_reassign, cluster_repair, coordinator
 from .cluster_common import common_parent
+from .progress import Bars
 
 EXIT_USER_ERROR = 2
 EXIT_DATA_ERROR = 1
@@ -87,8 +89,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USER_ERROR
     args.json = bool(getattr(args, "json", False) or args.global_json)
+    bars = Bars(sys.stderr) if not args.json else None   # drawn only on a terminal
     try:
-        return args.run(args) or 0
+        with observed(bars):
+            try:
+                return args.run(args) or 0
+            finally:
+                if bars is not None:
+                    bars.close()      # erased before anything else is printed
     except KafkaLogError as exc:
         print(f"kafkalog: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR if exc.user_error else EXIT_DATA_ERROR

@@ -1,9 +1,11 @@
 """A tiny progress bar for long commands: drawn on stderr only when stderr is a terminal, so
-pipes, logs and scripts never see it."""
+pipes, logs and scripts never see it. :class:`Bars` draws the loops the library reports
+(``pyspark_kafkalog.progress``); ``main`` installs it for every command but ``--json`` ones."""
 from __future__ import annotations
 
 import sys
 import time
+from typing import Optional
 
 MIN_TOTAL = 50          # fewer steps than this finish too fast to need a bar
 REDRAW_S = 0.1
@@ -35,7 +37,10 @@ class Progress:
         self.close()
 
     def advance(self, n: int = 1) -> None:
-        self.done = min(self.done + n, self.total)
+        self.update(self.done + n)
+
+    def update(self, done: int) -> None:
+        self.done = min(done, self.total)
         self._draw(force=self.done == self.total)
 
     def _draw(self, force: bool = False) -> None:
@@ -59,3 +64,31 @@ class Progress:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
             self._drawn = False
+
+
+class Bars:
+    """An observer for ``pyspark_kafkalog.progress.observed``: one :class:`Progress` per
+    reported loop, the previous one erased when the next starts."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+        self.bar: Optional[Progress] = None
+        self.label: Optional[str] = None
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        if self.bar is None or label != self.label or done == 0:
+            self.close()
+            self.bar, self.label = Progress(total, label, stream=self.stream), label
+            self.bar._draw(force=True)
+        self.bar.update(done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "Bars":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

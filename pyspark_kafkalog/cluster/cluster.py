@@ -23,6 +23,7 @@ from ..log.config import LogConfig
 from ..log.logdir import LogDir
 from ..log.partition import PartitionLog
 from ..log.segment import ReadStats
+from ..progress import tracked
 from ..storage import open_storage
 from ..storage.mounts import MountedStorage
 from . import actions as A
@@ -302,7 +303,8 @@ class Cluster:
                 write(d)
             return
         with ThreadPoolExecutor(min(METADATA_WRITE_THREADS, len(dirs))) as pool:
-            list(pool.map(write, dirs))
+            for _ in tracked("creating partitions", pool.map(write, dirs), len(dirs)):
+                pass
 
     def _remove_leftovers(self, topic: str, partitions: int) -> None:
         """Directories a deleted incarnation of ``topic`` left behind would collide with the new

@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..errors import (KafkaLogError, KafkaStorageError, OfflineLogDirError,
                       StorageNotFoundError, error_for)
 from ..log.segment import LogSegment
+from ..progress import tracked
 from . import actions as A
 from .checkpoints import sync_checkpoints
 from .garbage import SEGMENT_SUFFIXES, is_deleted_topic_dir, is_garbage_segment
@@ -537,7 +538,7 @@ def _clean_log_dir(cluster, state: ClusterState, after: ClusterState, logdir: st
                    removed: Dict[str, List[str]], temp_file_max_age_s: float) -> None:
     """:func:`collect_garbage` in one log dir, adding what it removes to ``removed``."""
     removed["temp"] += cluster.storage.cleanup_temp_files(logdir, temp_file_max_age_s)
-    for name in listed:
+    for name in tracked(f"cleaning {logdir.rsplit('/', 1)[-1]}", listed):
         path = f"{logdir}/{name}"
         if path not in live_dirs:
             if "-" in name and name.rpartition("-")[2].isdigit():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from ..errors import AlreadyExistsError, KafkaLogError, StorageNotFoundError
+from ..progress import tracked
 from . import snapshots as snaps
 from .actions import check_entry
 from .metalog import LOG_DIR, META_DIR, MetadataLog, entry_name, parse_json, snapshot_name
@@ -55,7 +56,7 @@ def verify(metalog: MetadataLog) -> VerifyReport:
             report.problems.append(MetadataProblem("missing-entry", entry_name(seq),
                                                    "entry missing below the newest entry", seq))
     parsed = {}
-    for seq in entries:
+    for seq in tracked("reading entries", entries):
         try:
             entry = parse_json(entry_name(seq), storage.read(entry_name(seq)))
         except (KafkaLogError, StorageNotFoundError) as exc:

@@ -38,6 +38,7 @@ from ..format.encode import encode_empty_batch_v2
 from ..format.index_builder import IndexBuilder
 from ..format.records import CREATE_TIME, MAGIC_V2, NO_TIMESTAMP, DecodedRecord
 from ..log.segment import INDEX_SUFFIX, TIMEINDEX_SUFFIX, LogSegment
+from ..progress import tracked
 
 _INT32_MAX = 2**31 - 1
 _WINDOW = 8 << 20       # bytes read at a time while scanning
@@ -475,9 +476,10 @@ def repair(cluster, topic: str, partition: Optional[int] = None, *, dry_run: boo
                                       and 0 <= partition < info["partitions"]):
         raise UnknownTopicOrPartitionError(f"no partition {topic}-{partition}")
     parts = range(info["partitions"]) if partition is None else [partition]
-    planned = [_plan_partition(cluster, state, topic, p, dry_run) for p in parts]
+    planned = [_plan_partition(cluster, state, topic, p, dry_run)
+               for p in tracked(f"checking {topic}", parts, len(parts))]
     if not dry_run:
         cluster.check_writable(state)
-        for _, work in planned:
+        for _, work in tracked(f"repairing {topic}", planned):
             _apply(work)
     return [result for result, _ in planned]
