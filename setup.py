@@ -80,6 +80,14 @@ setup(
             "cramjam>=2.7",
             "s3fs>=2024.2",
             "moto[server]>=5",
+            # moto asks for any boto3 and s3fs's aiobotocore pins botocore to a narrow range; left
+            # open, pip takes the newest boto3 first and then backtracks through dozens of
+            # aiobotocore and boto3 releases (52 s and "This is taking longer than usual" on a
+            # fresh venv). These bounds are the newest that aiobotocore supports today, so pip
+            # resolves in one pass; move them up together when aiobotocore moves.
+            "aiobotocore>=3.10",
+            "botocore>=1.43.115,<1.43.118",
+            "boto3>=1.43.115,<1.43.118",
         ],
         "s3": ["s3fs>=2024.2"],
     },
