@@ -14,17 +14,23 @@ timestamp (microseconds, UTC), timestampType, and headers when asked. Control re
 returned; under read_committed the rows of aborted Kafka transactions (found while planning) are
 dropped.
 
-A segment that disappears under the reader (retention or delete-records ran after planning) is
-data loss: an :class:`OffsetOutOfRangeError` with ``fail_on_data_loss``, else the reader skips to
-what is still there.
+Data the plan promised and storage no longer holds is data loss, of one of two kinds, told apart
+by the cluster's metadata as it is now (read once, on this path only): offsets that retention or
+delete-records removed after the read was planned (the log start offset moved past them: an
+:class:`OffsetOutOfRangeError`), and committed offsets whose segment file is missing while the
+metadata still holds them (data lost on storage: a :class:`MissingCommittedDataError` naming the
+``repair`` command that shows and mends the loss). With ``fail_on_data_loss`` false the reader
+logs a warning naming the range and skips to what is still there.
 """
 from __future__ import annotations
 
 import functools
+import logging
 
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
-from ..errors import CorruptRecordError, OffsetOutOfRangeError, StorageNotFoundError
+from ..errors import (CorruptRecordError, KafkaLogError, MissingCommittedDataError,
+                      OffsetOutOfRangeError, StorageNotFoundError)
 from ..log.partition import raise_if_log_dir_away
 from ..format.batch import V2_HEADER_SIZE, read_header, scan_offsets
 from ..format.arrow_decode import decode_spark_arrays
@@ -33,6 +39,7 @@ from ..log.segment import ReadStats
 from ..log.transactions import aborted_mask
 
 DEFAULT_MAX_BYTES = 1 << 20
+_log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=2)
@@ -270,6 +277,81 @@ def _damaged(handle, seg, exc: CorruptRecordError, position: Optional[int]):
     return damaged_segment_error(exc, seg, position, fix)
 
 
+def _current_partition(handle):
+    """The partition's state as the cluster's metadata says now, or None (a Kafka log dir, a
+    partition that is gone, metadata that cannot be read). One replay of what is new in the
+    metadata log: called on the data-loss path only."""
+    from .sources import CLUSTER
+    if handle.kind != CLUSTER:
+        return None
+    from .cluster import Cluster
+    try:
+        cluster = Cluster(handle.url, create=False, shared_state=True, **handle.storage_options)
+        return cluster.state().partition(handle.topic, handle.partition)
+    except (KafkaLogError, OSError):
+        return None
+
+
+def missing_committed_message(topic: str, partition: int, url: str, what: str,
+                              log_start_offset: int, advice: bool = True,
+                              plural: bool = False) -> str:
+    """The text of a :class:`MissingCommittedDataError` for a read: ``what`` is missing from
+    storage while the metadata still holds it (``plural``: them) as committed. ``advice``: name
+    failOnDataLoss."""
+    from .repair import repair_command
+    fix = repair_command(url.rstrip("/"), topic, partition)
+    them = "them" if plural else "it"
+    return (f"{topic}-{partition}: {what}, yet the metadata still holds {them} as committed (the "
+            f"log start offset is {log_start_offset}: neither retention nor delete-records "
+            "removed it). A committed segment is missing: data lost on storage (a deleted "
+            "file, or a machine crash before an unflushed write reached the device). "
+            f"`{fix} --dry-run` shows the offsets lost, and `{fix}` makes them a gap that "
+            "readers step over" + (". Set the option failOnDataLoss to false to read what is "
+                                   "still there instead of failing" if advice else ""))
+
+
+def missing_committed(handle, log, start: int, end: int,
+                      end_of: Callable[[object], Optional[int]]) -> List[Tuple[int, int]]:
+    """``[first, last]`` runs of offsets in ``[start, end)`` that the metadata of ``handle`` (a
+    cluster partition as planned) holds as committed and that none of ``log``'s listed segments
+    holds: data lost on storage, found before reading. ``end_of(segment)`` is the offset after
+    the segment's last entry (a read of its tail; the caller caches it, segment files being
+    immutable), or None when it cannot tell, which makes this return nothing for the range (the
+    reading task finds what is missing)."""
+    from .partition_state import PartitionState
+    from .sources import CLUSTER
+    if handle.kind != CLUSTER or handle.state is None:
+        return []
+    ps = PartitionState.from_json(handle.state)
+    lo, hi = max(start, ps.log_start_offset), min(end, handle.high_watermark)
+    committed = [(max(s, lo), min(e, hi)) for s, e, _ in ps.committed if max(s, lo) < min(e, hi)]
+    if not committed:
+        return []
+    held = []
+    segments = log.segments
+    for i, seg in enumerate(segments):
+        if seg.base_offset >= hi:
+            break
+        if i + 1 < len(segments) and segments[i + 1].base_offset <= lo:
+            continue                                # wholly below the range
+        seg_end = end_of(seg)
+        if seg_end is None:
+            return []
+        held.append((seg.base_offset, seg_end))
+    out = []
+    for c_lo, c_hi in committed:
+        pos = c_lo
+        for h_lo, h_hi in held:
+            if h_hi <= pos or h_lo >= c_hi:
+                continue
+            if h_lo > pos:
+                out.append((pos, h_lo - 1))
+            pos = max(pos, h_hi)
+        if pos < c_hi:
+            out.append((pos, c_hi - 1))
+    return out
+
+
 def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
                stats: Optional[ReadStats] = None, max_bytes: int = DEFAULT_MAX_BYTES,
                on_fetch: Optional[Callable[[int], object]] = None) -> Iterator:
@@ -282,18 +364,38 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
     log = handle.open(stats=stats)
     offset, end = task.start, task.end
 
-    def lost(what: str) -> OffsetOutOfRangeError:
+    now = []      # the partition's metadata as it is now, read at the first loss
+
+    def lost(what: str, first: int) -> OffsetOutOfRangeError:
+        """``what`` (from offset ``first`` on) is not on storage: deleted by retention or
+        delete-records after planning, or a committed segment missing (told apart by the
+        metadata as it is now). Without ``fail_on_data_loss`` the caller skips it: warned."""
         from .sources import CLUSTER
         if handle.kind == CLUSTER:   # files on a root that is away are not lost (§1.3)
             raise_if_log_dir_away(log.storage, log.dir, name)
-        return OffsetOutOfRangeError(
-            f"{name}: {what} after the read was planned (retention or delete-records ran). Some "
-            "data may have been lost; set the option failOnDataLoss to false to read what is "
-            "still there instead of failing")
+        if not now:
+            now.append(_current_partition(handle))
+        ps = now[0]
+        if (ps is not None and ps.log_start_offset <= first < ps.high_watermark
+                and ps.is_committed(first)):
+            error = MissingCommittedDataError(missing_committed_message(
+                handle.topic, handle.partition, handle.url, f"{what} from storage",
+                ps.log_start_offset))
+        else:
+            moved = (f": the log start offset is now {ps.log_start_offset}"
+                     if ps is not None and ps.log_start_offset > first else "")
+            error = OffsetOutOfRangeError(
+                f"{name}: {what} after the read was planned (retention or delete-records "
+                f"ran{moved}). Some data may have been lost; set the option failOnDataLoss to "
+                "false to read what is still there instead of failing")
+        if not fail_on_data_loss:
+            _log.warning("%s; failOnDataLoss=false: skipping it", error)
+        return error
 
     if offset < log.log_start_offset:
+        error = lost(f"offsets from {offset} to {log.log_start_offset} were deleted", offset)
         if fail_on_data_loss:
-            raise lost(f"offsets from {offset} to {log.log_start_offset} were deleted")
+            raise error
         offset = log.log_start_offset
     consts = _Constants(handle.topic, handle.partition)
     segments = log.segments
@@ -309,7 +411,8 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
         if offset < gap_end:
             missing = handle.promised(offset, gap_end)
             if missing is not None:
-                error = lost(f"offset {missing} was deleted")   # raises if the root is away
+                error = lost(f"offset {missing} was deleted", missing)   # raises if the
+                # root is away
                 if fail_on_data_loss:
                     raise error
             offset = gap_end
@@ -331,7 +434,7 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
                 i, position = log.segment_for(offset) or 0, None
                 continue
             error = lost(f"segment {seg.log_path} (offsets from {seg.base_offset}) was "
-                         "deleted")
+                         "deleted", max(offset, seg.base_offset))
             if fail_on_data_loss:
                 raise error from None
             i, position = i + 1, None

@@ -211,7 +211,8 @@ def _read_named(task: ReadTask, opts, quota=None) -> Iterator:
     try:
         yield from _read(task, opts, quota)
     except OffsetOutOfRangeError as exc:
-        raise OffsetOutOfRangeError(
+        # the same class: a MissingCommittedDataError (data lost on storage) stays one
+        raise type(exc)(
             f"{exc} (the planned range: {task.topic}-{task.partition} offsets {task.start} "
             f"to {task.end - 1})") from None
 

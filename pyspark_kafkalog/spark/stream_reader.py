@@ -23,10 +23,13 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               ReadMaxRows, ReadMinRows,
                                               SupportsTriggerAvailableNow)
 
+from ..cluster.range_reader import missing_committed, missing_committed_message
 from ..cluster.read_plan import ReadSplit, ReadTask, pack, range_bytes, split, starting_offset
 from ..cluster.sources import INTERNAL_TOPICS, ClusterSource, open_source
-from ..cluster.stream_plan import Limits, SourceOffset, admit, batch_ranges, split_budget
-from ..errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from ..cluster.stream_plan import (Limits, SourceOffset, admit, advance_gaps, batch_ranges,
+                                   open_gaps)
+from ..errors import (InvalidConfigError, KafkaLogError, OffsetOutOfRangeError,
+                      UnknownTopicOrPartitionError)
 from . import worker_gc
 from .read_options import ReadOptions
 from .quota import plan_coordinator
@@ -63,6 +66,8 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._pos: Dict = {}
         self._last_trigger_ms = int(time.time() * 1000)
         self._first_trigger = True
+        #: what ``initialOffset`` returned: a first trigger from it is a new query's
+        self._initial: Optional[dict] = None
         self._group_committed: Optional[Dict[TopicPartition, int]] = None
         self._bytes_per_offset: Dict[TopicPartition, Tuple[int, float]] = {}
         self._subs_key = None
@@ -75,6 +80,9 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._subs_of_last_out = None  # ... and the subscription it was made for
         self._latest_json: dict = {}
         self._quota = None             # the coordinator's view of the client id, for progress
+        #: (segment file, base offset) -> (its size, the offset after its last entry): the
+        #: segments checked for lost data (failOnDataLoss=false), each read once
+        self._segment_ends: Dict[Tuple[str, int], Tuple[int, int]] = {}
         #: test-visible counters: how much each trigger cost
         self.stats = {"triggers": 0, "full_fetches": 0}
 
@@ -188,8 +196,12 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 handle, plog = source.view(*tp)
                 positions[tp] = starting_offset(handle, plog, opts)
         self._note_latest({tp: pos[tp].high_watermark for tp in tps}, ())
-        self._first_trigger = False   # a new query, not a restart: no fast catch-up (KIP-333)
-        return SourceOffset(positions, {}).to_json()
+        # A first trigger from this offset is a new query's, not a restart's: no fast catch-up
+        # (KIP-333). Not every call here is a new query: a restarted query whose batch 0 was
+        # planned but not committed calls it too (for that batch's start) before it replays
+        # the batch and asks for the next from the batch's end.
+        self._initial = SourceOffset(positions, {}).to_json()
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         o = self.options
@@ -282,22 +294,26 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin = self._checked_start(st, pos, active, gone)
         latest = {tp: pos[tp].high_watermark for tp in begin}
         self._note_latest(latest, gone)
-        gaps = {tp: g for tp, g in st.gaps.items() if tp in begin}
+        gaps = {tp: rs for tp, rs in st.gap_ranges().items() if tp in begin}
         if self._target is not None:   # Trigger.AvailableNow: nothing after its start
             latest = {tp: max(min(latest[tp], self._target.get(tp, begin[tp])), begin[tp])
                       for tp in latest}
         fresh_from = dict(begin)
         if self._first_trigger:
             self._first_trigger = False
-            backlog = sum(max(0, latest[tp] - max(begin[tp], pos[tp].log_start_offset))
-                          for tp in latest)
-            if (self.options.fast_catch_up and not gaps and start
-                    and backlog > self.options.fast_catch_up_threshold):
-                # KIP-333: fresh records first, the backlog read alongside in slices
-                gaps = {tp: (begin[tp], latest[tp]) for tp in latest if latest[tp] > begin[tp]}
-                fresh_from = {tp: latest[tp] for tp in latest}
+            opened = None
+            restart = bool(start) and start != self._initial
+            if self.options.fast_catch_up and restart:
+                # KIP-333: a restart far behind reads fresh records from the latest offsets on
+                # and the backlog alongside in slices (behind any gap an earlier restart left)
+                opened = open_gaps(begin, latest,
+                                   {tp: pos[tp].log_start_offset for tp in latest}, gaps,
+                                   self.options.fast_catch_up_threshold)
+            if opened is not None:
+                fresh_from, gaps = opened
                 log.info("fast catch-up: %d records behind; reading fresh records from the "
-                         "latest offsets and the gap alongside", backlog)
+                         "latest offsets and the gap alongside",
+                         SourceOffset.of_ranges({}, gaps).remaining_gap())
         limits = self._limits(limit)
         now_ms = int(time.time() * 1000)
         fresh_end = admit(fresh_from, latest, limits, now_ms=now_ms,
@@ -306,7 +322,10 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                           if limits and limits.max_bytes else None)
         if fresh_end is None:
             fresh_end = fresh_from
-        new_gaps = self._advance_gaps(gaps, pos)
+        # the gap moves by its own budget, whatever Spark's read limit (docs/streaming.md)
+        new_gaps = advance_gaps(gaps, self.options.fast_catch_up_records_per_trigger,
+                                {tp: pos[tp].log_start_offset for tp in gaps},
+                                self._gap_lost)
         positions = dict(st.positions)
         for tp in gone:
             del positions[tp]
@@ -317,12 +336,12 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 positions[tp] = offset
                 moved.add(tp)
         self._backlog = {tp for tp in begin if positions[tp] < latest[tp]}
-        if not moved and not gone and new_gaps == st.gaps:
+        if not moved and not gone and new_gaps == st.gap_ranges():
             out = start
         else:
             out = self._end_json(start, positions, moved, gone, new_gaps)
             self._last_trigger_ms = now_ms
-            self._remember(out, SourceOffset(positions, new_gaps))
+            self._remember(out, SourceOffset.of_ranges(positions, new_gaps))
         self._last_out, self._subs_of_last_out = out, subs
         self.stats["last_latest_offset_ms"] = (time.monotonic() - t0) * 1000
         return out
@@ -340,7 +359,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for topic in [t for t, parts in out.items() if not parts]:
             del out[topic]
         if gaps:
-            out.update({k: v for k, v in SourceOffset({}, gaps).to_json().items()})
+            out.update(SourceOffset.of_ranges({}, gaps).to_json())
         return out
 
     def _note_latest(self, latest: Dict[TopicPartition, int], gone) -> None:
@@ -352,24 +371,9 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._latest.pop(tp, None)
             self._latest_json.get(tp[0], {}).pop(str(tp[1]), None)
 
-    def _advance_gaps(self, gaps, pos) -> Dict[TopicPartition, Tuple[int, int]]:
-        """Each open gap moves by its share of ``fastCatchUpRecordsPerTrigger``; a gap that
-        closed in the previous batch is dropped, one closing now stays as ``[end, end]``."""
-        open_gaps = {tp: g for tp, g in gaps.items() if g[0] < g[1]}
-        backlog = {}
-        for tp, (gpos, gend) in open_gaps.items():
-            lso = pos[tp].log_start_offset
-            if gpos < lso:
-                self._data_loss(f"{_name(tp)}: catch-up gap offsets {gpos} to "
-                                f"{min(lso, gend) - 1} were deleted before they were read")
-                gpos = min(lso, gend)
-                open_gaps[tp] = (gpos, gend)
-            backlog[tp] = gend - gpos
-        budget = self.options.fast_catch_up_records_per_trigger
-        shares = split_budget({tp: float(n) for tp, n in backlog.items() if n > 0}, budget) \
-            if sum(backlog.values()) > budget else {tp: n for tp, n in backlog.items()}
-        return {tp: (gpos + min(gend - gpos, shares.get(tp, 0)), gend)
-                for tp, (gpos, gend) in open_gaps.items()}
+    def _gap_lost(self, tp: TopicPartition, first: int, last: int) -> None:
+        self._data_loss(f"{_name(tp)}: catch-up gap offsets {first} to {last} were deleted "
+                        "before they were read")
 
     def _bytes_per_offset_of(self, tp: TopicPartition) -> float:
         """Average log bytes per offset, from the partition's segment sizes (one listing of its
@@ -420,8 +424,13 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- planning and reading ----------------------------------------------------------------
 
     def partitions(self, start: dict, end: dict) -> List[InputPartition]:
+        """The batch's ranges as input partitions. While a catch-up gap is open the fresh
+        ranges get tasks of their own, first, and the gap's follow (each packed as usual):
+        Spark schedules a batch's tasks in this order, and a sink that writes a batch in task
+        order (one writer, or a coalesce(1)) writes fresh records before that batch's backlog,
+        so at most the one batch in flight when a record arrived writes backlog before it."""
         st, en = self._parse(start), self._parse(end)
-        if st.positions == en.positions and st.gaps == en.gaps:
+        if st.positions == en.positions and st.gap_ranges() == en.gap_ranges():
             return []
         # only the partitions whose offsets differ (C-level set operations, not a loop over
         # every partition), with the positions of the trigger that planned the batch (a
@@ -432,7 +441,8 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.options
         source = ClusterSource(opts.path, opts.storage_options, cluster=self._cluster,
                                state=self._positions.state)
-        tasks = []
+        tasks = {"fresh": [], "gap": []}
+        views = {}
         for tp, lo, hi, kind in batch_ranges(st, en, lambda t: pos[t].log_start_offset
                                              if t in pos and pos[t].error is None else 0, tps):
             p = pos.get(tp)
@@ -451,15 +461,57 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 hi = max(lo, p.high_watermark)
             if hi <= lo:
                 continue
-            handle, plog = source.view(*tp)
-            tasks.append(ReadTask(handle, lo, hi, [], range_bytes(plog, lo, hi,
-                                                                  handle.high_watermark)))
-        tasks = split(tasks, opts.min_partitions, opts.max_records_per_partition)
-        splits = pack(tasks, opts.max_partition_bytes, opts.open_cost_in_bytes,
-                      opts.min_partitions, opts.max_records_per_partition,
-                      opts.min_partition_num)
+            if tp not in views:
+                views[tp] = source.view(*tp)
+            handle, plog = views[tp]
+            for a, b in self._held(tp, handle, plog, lo, hi):
+                tasks[kind].append(ReadTask(handle, a, b, [], range_bytes(plog, a, b,
+                                                                          handle.high_watermark)))
+        splits = []
+        for kind in ("fresh", "gap"):
+            group = split(tasks[kind], opts.min_partitions, opts.max_records_per_partition)
+            splits += pack(group, opts.max_partition_bytes, opts.open_cost_in_bytes,
+                           opts.min_partitions, opts.max_records_per_partition,
+                           opts.min_partition_num)
         plan_coordinator(splits, self._cluster, self._positions.state, opts.client_id)
         return [KafkaLogInputPartition(s) for s in splits]
+
+    def _held(self, tp: TopicPartition, handle, plog, lo: int, hi: int) -> List[Tuple[int, int]]:
+        """``[lo, hi)`` as pieces to read. With failOnDataLoss=false, the committed offsets no
+        segment file holds are left out, each run with a warning here, on the driver (as Spark's
+        Kafka source warns per lost range): the tasks would step over them anyway, in executor
+        logs. With failOnDataLoss=true the task that meets them fails, naming the repair."""
+        if self.options.fail_on_data_loss:
+            return [(lo, hi)]
+        lost = missing_committed(handle, plog, lo, hi, self._segment_end)
+        pieces, at = [], lo
+        for first, last in lost:
+            log.warning("%s; failOnDataLoss=false: skipping them", missing_committed_message(
+                tp[0], tp[1], self.options.path, f"offsets {first} to {last} are in no segment "
+                "file", handle.log_start_offset, advice=False, plural=True))
+            if first > at:
+                pieces.append((at, first))
+            at = last + 1
+        if at < hi:
+            pieces.append((at, hi))
+        return pieces
+
+    def _segment_end(self, seg) -> Optional[int]:
+        """The offset after ``seg``'s last entry, read once per segment file (a cluster's are
+        immutable; a merge that rewrites one under its name changes its size); None when it
+        cannot be read here (the reading task will tell)."""
+        key, size = (seg.log_path, seg.base_offset), seg.size()
+        known = self._segment_ends.get(key)
+        if known is not None and known[0] == size:
+            return known[1]
+        try:
+            end = seg.next_offset()
+        except (KafkaLogError, OSError):
+            return None
+        if len(self._segment_ends) >= 100_000:
+            self._segment_ends.clear()
+        self._segment_ends[key] = (size, end)
+        return end
 
     def read(self, partition: InputPartition) -> Iterator:
         worker_gc.freeze_once()
