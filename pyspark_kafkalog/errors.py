@@ -88,7 +88,9 @@ class MissingCommittedDataError(OffsetOutOfRangeError):
     """The metadata says an offset holds committed data, and no segment file holds it: deleted
     since the metadata was read (retention, delete-records), or lost (a machine crash before an
     unflushed write reached the device, docs/protocol.md §3; a deleted file). Still Kafka's
-    OFFSET_OUT_OF_RANGE, as a broker answers a fetch past what its log holds."""
+    OFFSET_OUT_OF_RANGE, as a broker answers a fetch past what its log holds, but trouble with
+    the data, not the user's input: the CLI's exit status is 1."""
+    user_error = False
 
 
 class UnknownTopicOrPartitionError(KafkaLogError, LookupError):

@@ -111,7 +111,7 @@ def test_configs_cli_as_kafka_configs(tmp_path):
     rc, out, _ = kl("configs", "--describe", "--entity-type", "clients", "--entity-name", "etl")
     assert out.split() == ["ENTITY", "PRODUCER-BYTE-RATE", "CONSUMER-BYTE-RATE", "etl",
                            "1048576.0", "-"]
-    for argv, msg in ((("--add-config", "producer_byte_rate=-1"), "> 0"),
+    for argv, msg in ((("--add-config", "producer_byte_rate=-1"), "below 1 byte per second"),
                       (("--add-config", "producer_byte_rate"), "K=V"),
                       (("--add-config", "bogus=1"), "unknown quota config"),
                       ((), "--add-config and/or --delete-config")):

@@ -662,7 +662,8 @@ def test_log_dirs_describe_sizes(kl, url):
     rc, out, _ = kl("--cluster", url, "--json", "log-dirs", "--describe")
     rows = lines(out)
     assert [list(r) for r in rows] == [["log_dir", "url", "topic", "partition", "size",
-                                        "offset_lag"]] * 3
+                                        "offset_lag", "error"]] * 3
+    assert [r["error"] for r in rows] == [None] * 3                   # every log dir online
     assert [r["offset_lag"] for r in rows] == [0, 0, 0]               # leaders only
     assert {r["url"] for r in rows} == {os.path.join(os.path.abspath(url), "logdir-0")}
     for r in rows:
@@ -671,9 +672,9 @@ def test_log_dirs_describe_sizes(kl, url):
     assert [r["size"] > 0 for r in rows] == [True, False, True]
     rc, out, _ = kl("--cluster", url, "log-dirs", "--describe")
     assert out.splitlines()[0].split() == ["LOG-DIR", "URL", "TOPIC", "PARTITION", "SIZE",
-                                           "OFFSET-LAG"]
-    user_error(*kl("--cluster", url, "log-dirs"), "one of the arguments --describe --add is "
-                                                  "required")
+                                           "OFFSET-LAG", "ERROR"]
+    user_error(*kl("--cluster", url, "log-dirs"), "one of the arguments --describe --add "
+                                                  "--remove is required")
 
 
 def test_cleanup_removes_garbage(kl, url):

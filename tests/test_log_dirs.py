@@ -394,7 +394,7 @@ def test_cli_log_dirs_add_and_describe(tmp_path):
         ("logdir-1", second, "r", 0), ("logdir-1", second, "r", 1)]
     rc, out, _ = run_cli("--cluster", root, "log-dirs", "--describe")
     assert out.splitlines()[0].split() == ["LOG-DIR", "URL", "TOPIC", "PARTITION", "SIZE",
-                                           "OFFSET-LAG"]
+                                           "OFFSET-LAG", "ERROR"]
     rc, out, _ = run_cli("--cluster", root, "--json", "topics", "--describe", "--topic", "r")
     for p in json.loads(out)["partitions"]:
         assert p["leader"] == p["replicas"][0] and p["isr"] == [p["leader"]]

@@ -17,22 +17,23 @@ from ..cluster.consumer import EARLIEST, LATEST, Consumer, resolve_offset
 from ..cluster.groups import (GroupStore, OffsetAndMetadata, live_offsets, require_group,
                               topic_ids)
 from ..cluster.features import CLIENT_QUOTAS, REPLICATION
-from ..cluster.isr import replica_lag
-from ..cluster.log_dirs import add_log_dir
+from ..cluster.isr import check_reassign, replica_lag
+from ..cluster.log_dirs import add_log_dir, log_dir_name, noting_offline, remove_log_dir
 from ..cluster.partition_state import split_key
 from ..cluster.maintenance import (DeleteRecordsDryRun, DeleteRecordsResult, RetentionPlan,
                                    collect_garbage, delete_records, delete_records_dry_run,
-                                   retention)
+                                   offline_error, retention)
 from ..cluster.producer import Producer
 from ..cluster.quotas import (DEFAULT_ENTITY as DEFAULT_QUOTA_ENTITY, QUOTA_CONFIGS,
-                              check_entity as check_quota_entity, describe as describe_quotas,
-                              parse_rate)
+                              check_new_entity as check_new_quota_entity, check_new_rate,
+                              describe as describe_quotas)
 from ..cluster.repair import LostRange, PartitionRepair, SegmentRepair, repair
 from ..coordinator.follow import DEFAULT_POLL_INTERVAL_MS, Follower
 from ..coordinator.quota_client import QuotaClient
 from ..errors import (InvalidConfigError, InvalidReplicaAssignmentError, InvalidRequestError,
                       UnknownTopicOrPartitionError, error_for)
 from ..format.records import DecodedRecord, Record
+from ..log.logdir import LogDir
 
 __all__ = ["Admin", "TopicPartition", "TopicDescription", "PartitionInfo", "LogDirInfo",
            "RecordMetadata",
@@ -291,15 +292,35 @@ class Admin:
         place, and report the offsets lost (docs/protocol.md §7.1). ``dry_run``: report only."""
         return repair(self.cluster, topic, partition, dry_run=dry_run)
 
-    def describe_log_dirs(self) -> Dict[str, Dict[TopicPartition, int]]:
-        """Bytes on storage per partition replica, per log dir (visible segments only)."""
+    def describe_log_dirs(self) -> Dict[str, Dict[TopicPartition, Optional[int]]]:
+        """Bytes on storage per partition replica, per log dir (visible segments only).
+
+        A log dir that cannot be read (a root not mounted, a URL that no longer holds it, a
+        storage that fails; its ``meta.properties`` missing) does not stop the others, as
+        Kafka's DescribeLogDirs answers KAFKA_STORAGE_ERROR for that log dir alone: every other
+        one is described, then :class:`OfflineLogDirError` names it (``offline``: name -> why),
+        with the description as its ``done``, where that log dir's replicas have size None."""
         state = self.cluster.state()
-        out: Dict[str, Dict[TopicPartition, int]] = {
-            d: {} for d in self.cluster.log_dir_names(state)}
+        names = self.cluster.log_dir_names(state)
+        out: Dict[str, Dict[TopicPartition, Optional[int]]] = {d: {} for d in names}
+        offline: Dict[str, str] = {}
+        for d in names:
+            with noting_offline(offline, d):
+                if LogDir(self.cluster.storage, d).read_meta() is None:
+                    offline[d] = f"{d}/meta.properties is missing: its root is away"
         for topic, p in self.cluster.partitions(state):
             for d in state.topics[topic]["replicas"][p]:
-                view = self.cluster.partition_view(topic, p, state, logdir=d)
-                out.setdefault(d, {})[TopicPartition(topic, p)] = view.log.size_in_bytes()
+                tp = TopicPartition(topic, p)
+                out.setdefault(d, {})[tp] = None
+                if d in offline:
+                    continue
+                with noting_offline(offline, d):
+                    view = self.cluster.partition_view(topic, p, state, logdir=d)
+                    out[d][tp] = view.log.size_in_bytes()
+        if offline:
+            for d in offline:
+                out[d] = dict.fromkeys(out.get(d, {}), None)
+            raise offline_error("log-dirs --describe", offline, [], out)
         return out
 
     def replica_lags(self) -> Dict[str, Dict[TopicPartition, int]]:
@@ -320,26 +341,33 @@ class Admin:
         ``kafkalog reassign-partitions --execute``). Targets are log dir names or their numbers
         (Kafka's broker ids): ``{("t", 0): [2, 1]}``. The active coordinator copies to the new
         replicas and completes each move once they are in sync (docs/protocol.md §1.3).
-        Returns the error name per partition (``NONE`` when accepted). Unknown log dirs are
-        refused here, before anything is written."""
+        Returns the error name per partition (``NONE`` when accepted;
+        ``REASSIGNMENT_IN_PROGRESS`` for a partition still moving, which is left out of the
+        request). The whole request is checked before anything is written, and a bad one
+        writes nothing, not even the feature ``replication``: a partition that does not exist
+        (:class:`UnknownTopicOrPartitionError`), or targets that are empty, name a log dir twice
+        or name one the cluster does not have (:class:`InvalidReplicaAssignmentError`)."""
         state = self.cluster.state()
         known = self.cluster.log_dir_names(state)
         request: Dict[str, List[str]] = {}
         ids: Dict[str, str] = {}
+        answers: Dict[TopicPartition, str] = {}
         for (topic, p), targets in assignments.items():
             info = state.topics.get(topic)
-            if info is None or not 0 <= p < info["partitions"]:
+            if info is None or not isinstance(p, int) or isinstance(p, bool) \
+                    or not 0 <= p < info["partitions"]:
                 raise UnknownTopicOrPartitionError(f"no partition {topic}-{p}")
-            names = [t if isinstance(t, str) else f"logdir-{int(t)}" for t in targets]
-            unknown = [n for n in names if n not in known]
-            if unknown:
-                raise InvalidReplicaAssignmentError(
-                    f"{topic}-{p}: log dir(s) {', '.join(unknown)} are not the cluster's "
-                    f"({', '.join(known)})")
+            names = _reassignment_targets(topic, p, targets, known)
+            why = check_reassign(state.partition(topic, p), names)
+            if why is not None and why[0] != "REASSIGNMENT_IN_PROGRESS":
+                raise error_for(*why)
+            if why is not None:
+                answers[TopicPartition(topic, p)] = why[0]
+                continue
             request[f"{topic}:{p}"] = names
             ids[topic] = info["topic_id"]
         if not request:
-            return {}
+            return answers
         if REPLICATION not in state.reader_features:
             self.cluster.enable_feature(REPLICATION)
         _, _, results = self.cluster.submit([A.ReassignPartitions(topic_ids=ids,
@@ -347,7 +375,9 @@ class Admin:
         res = results[0]
         if not res.ok:
             raise error_for(res.error, res.message)
-        return {TopicPartition(*split_key(k)): r.error for k, r in res.partitions.items()}
+        answers.update({TopicPartition(*split_key(k)): r.error
+                        for k, r in res.partitions.items()})
+        return answers
 
     def list_partition_reassignments(self) -> Dict[TopicPartition, dict]:
         """Reassignments in progress: replicas, target, adding and removing (Kafka's
@@ -371,20 +401,24 @@ class Admin:
         """Set or delete ``producer_byte_rate`` / ``consumer_byte_rate`` (bytes per second) of
         a client id, or of the default entity (``entity=None``); as ``kafka-configs.sh
         --alter --entity-type clients``. Takes effect at the coordinator's next look at the
-        log, without a restart. Returns the entity's values after the change."""
+        log, without a restart. Returns the entity's values after the change.
+
+        Checked as ``kafka-configs.sh`` checks them (docs/protocol.md §12), before anything is
+        written: a value is a whole number of bytes per second from 1 to Long.MAX_VALUE
+        (``1e-300``, ``1_000``, ``1.5``, ``nan`` are refused), a client id holds no control
+        character (unless the call only deletes); else :class:`InvalidConfigError` naming the
+        value and the rule. Values are stored as their decimal digits (``1e6`` as
+        ``1000000``)."""
         name = DEFAULT_QUOTA_ENTITY if entity is None else entity
-        bad = check_quota_entity(name)
+        bad = check_new_quota_entity(name, setting=bool(set_configs))
         if bad:
             raise InvalidConfigError(f"client quota entity {name!r}: {bad}")
-        values = {k: str(v) for k, v in (set_configs or {}).items()}
-        for k, v in values.items():
+        values = {}
+        for k, v in (set_configs or {}).items():
             if k not in QUOTA_CONFIGS:
                 raise InvalidConfigError(f"unknown quota config {k!r}; known: "
                                          f"{', '.join(QUOTA_CONFIGS)}")
-            try:
-                parse_rate(k, v)
-            except ValueError as exc:
-                raise InvalidConfigError(str(exc)) from None
+            values[k] = check_new_rate(k, v)
         for k in delete:
             if k not in QUOTA_CONFIGS:
                 raise InvalidConfigError(f"unknown quota config {k!r}; known: "
@@ -414,6 +448,15 @@ class Admin:
         (:class:`InconsistentClusterIdError`), any other non-empty URL
         (:class:`LogDirNotEmptyError`), or one overlapping the root or a known log dir."""
         return LogDirInfo(**add_log_dir(self.cluster, url, storage_options))
+
+    def remove_log_dir(self, name: Union[str, int]) -> LogDirInfo:
+        """Remove a registered log dir, named ``logdir-<n>`` or by its number n, that holds no
+        replica (docs/protocol.md §1.1); returns it as it was. Refused, with nothing written
+        (:class:`InvalidRequestError`): a log dir under the root, a name that is no log dir of
+        the cluster, or one that holds a replica of any partition or is a reassignment's
+        target (move them first, :meth:`reassign_partitions`). Its files stay at its URL; its
+        name is never given to another log dir."""
+        return LogDirInfo(**remove_log_dir(self.cluster, name))
 
     # -- consumer groups ----------------------------------------------------------------------
 
@@ -501,7 +544,10 @@ class Admin:
         return self.cluster.features()
 
     def enable_feature(self, name: str) -> dict:
-        """Turn a protocol feature on for every client of the cluster (never off)."""
+        """Turn a protocol feature on for every client of the cluster (never off). Returns it as
+        :meth:`features` describes it, with ``changed`` False when it was on already (then
+        nothing is written); a name this client does not implement raises
+        :class:`InvalidRequestError`, with nothing written."""
         return self.cluster.enable_feature(name)
 
     # -- ACLs ---------------------------------------------------------------------------------
@@ -519,6 +565,29 @@ class Admin:
 
     def list_acls(self) -> List[dict]:
         return list(self.cluster.state().acls)
+
+
+def _reassignment_targets(topic: str, p: int, targets, known: List[str]) -> List[str]:
+    """A partition's reassignment targets as log dir names, checked: a non-empty list of log
+    dir names or numbers, distinct, each a log dir of the cluster."""
+    where = f"{topic}-{p}"
+    if isinstance(targets, (str, bytes)) or not isinstance(targets, Sequence) or not targets:
+        raise InvalidReplicaAssignmentError(f"{where}: the target replicas must be a non-empty "
+                                            f"list of log dirs, got {targets!r:.80}")
+    try:
+        names = [log_dir_name(t) for t in targets]
+    except InvalidRequestError as exc:
+        raise InvalidReplicaAssignmentError(f"{where}: {exc}") from None
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InvalidReplicaAssignmentError(f"{where}: the target replicas {names} name log "
+                                            f"dir(s) {', '.join(twice)} more than once")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise InvalidReplicaAssignmentError(
+            f"{where}: log dir(s) {', '.join(unknown)} are not the cluster's "
+            f"({', '.join(known)})")
+    return names
 
 
 def _consumer_record(topic: str, partition: int, r: DecodedRecord) -> ConsumerRecord:

@@ -4,7 +4,7 @@ docs/protocol.md §12): ``--entity-type clients`` with ``--entity-name X`` or
 ``--describe``. Topic configs stay with ``topics --alter --config``."""
 from __future__ import annotations
 
-from ..cluster.quotas import DEFAULT_ENTITY
+from ..cluster.quotas import DEFAULT_ENTITY, QUOTA_CONFIGS, check_new_entity, check_new_rate
 from ..errors import InvalidConfigError
 from .cluster_common import OUTPUT_HELP, columns, emit_rows, open_admin, say
 
@@ -48,6 +48,19 @@ def _pairs(text: str) -> dict:
     return out
 
 
+def _check_alter(entity: str, add: dict) -> None:
+    """The admin API's checks (docs/protocol.md §12), made first: a bad client id or value is
+    exit status 2 with one line naming it, and nothing is read or written."""
+    bad = check_new_entity(entity, setting=bool(add))
+    if bad:
+        raise InvalidConfigError(f"--entity-name {entity!r}: {bad}")
+    for key, value in add.items():
+        if key not in QUOTA_CONFIGS:
+            raise InvalidConfigError(f"unknown quota config {key!r}; known: "
+                                     f"{', '.join(QUOTA_CONFIGS)}")
+        check_new_rate(key, value)
+
+
 def run_configs(args) -> int:
     if args.entity_type != "clients":
         hint = ("use topics --alter --topic T --config K=V" if args.entity_type == "topics"
@@ -59,9 +72,11 @@ def run_configs(args) -> int:
             raise InvalidConfigError("--alter needs --entity-name CLIENT_ID or --entity-default")
         if not args.add_config and not args.delete_config:
             raise InvalidConfigError("--alter needs --add-config and/or --delete-config")
+        add = _pairs(args.add_config or "")
+        _check_alter(entity, add)            # before the cluster is even opened
         admin = open_admin(args, "configs")
         values = admin.alter_client_quotas(
-            None if args.entity_default else entity, _pairs(args.add_config or ""),
+            None if args.entity_default else entity, add,
             [k.strip() for k in (args.delete_config or "").split(",") if k.strip()])
         say(args, f"Completed updating config for client {entity}: " + (", ".join(
             f"{k}={_num(v)}" for k, v in sorted(values.items())) or "no quota left") + ".",

@@ -1,5 +1,5 @@
 """Deleting data and looking at storage: ``delete-records`` (KIP-107, kafka-delete-records.sh's
-JSON file), ``retention``, ``log-dirs --describe|--add`` and ``cleanup``."""
+JSON file), ``retention``, ``log-dirs --describe|--add|--remove`` and ``cleanup``."""
 from __future__ import annotations
 
 import sys
@@ -16,7 +16,8 @@ DRY_DELETE_COLUMNS = columns("topic", "partition", "offset", "log_start_offset",
                              "low_watermark", "error", "message")
 RETENTION_COLUMNS = columns("topic", "partition", "log_start_offset", "new_log_start_offset",
                             "segments", "bytes", "reason")
-LOG_DIR_COLUMNS = columns("log_dir", "url", "topic", "partition", "size", "offset_lag")
+LOG_DIR_COLUMNS = columns("log_dir", "url", "topic", "partition", "size", "offset_lag",
+                          "error")
 CLEANUP_COLUMNS = columns("kind", "path")
 RETENTION_CHUNK = 25          # partitions per retention step (one metadata entry each)
 
@@ -50,21 +51,31 @@ def add_parsers(sub, parents) -> None:
     p.set_defaults(run=run_retention)
 
     p = sub.add_parser(
-        "log-dirs", parents=parents, help="describe log dirs, or add one on another root",
+        "log-dirs", parents=parents,
+        help="describe log dirs, add one on another root, or remove one",
         description="--describe: each log dir's URL and the size of each partition replica in "
                     "it (kafka-log-dirs.sh --describe). --add: register a log dir at another "
                     "URL (another bucket, another disk) that topics' replicas are placed on "
-                    "(docs/protocol.md, section 1.1).",
+                    "(docs/protocol.md, section 1.1); a URL whose storage lives in one process "
+                    "only (memory://) is refused. --remove: unregister such a log dir once it "
+                    "holds no replica.",
         epilog=OUTPUT_HELP + " --describe columns: log_dir, url, topic, partition, size (bytes "
                "of readable segments), offset_lag (how far the replica is behind the last "
-               "stable offset, Kafka's offsetLag; 0 for the leader); a log dir without replicas "
-               "has one row with topic, partition and size empty. --add prints the new log dir (log_dir, url, directory_id with "
-               "--json).")
+               "stable offset, Kafka's offsetLag; 0 for the leader), error (KAFKA_STORAGE_ERROR "
+               "for a log dir that cannot be read: its size is empty); a log dir without "
+               "replicas has one row with topic, partition and size empty. A log dir that "
+               "cannot be read is listed so, after the others, and then named on stderr with "
+               "exit status 1. --add prints the new log dir (log_dir, url, directory_id with "
+               "--json); --remove the removed one (log_dir, url, removed with --json).")
     act = p.add_mutually_exclusive_group(required=True)
     act.add_argument("--describe", action="store_true", help="each log dir and its replicas")
     act.add_argument("--add", metavar="URL",
                      help="register a log dir at URL: an empty directory, bucket or prefix "
                           "(or a log dir of this cluster never registered)")
+    act.add_argument("--remove", metavar="NAME",
+                     help="unregister the log dir NAME (logdir-<n>, or n) registered with --add, "
+                          "which must hold no replica (move them with reassign-partitions "
+                          "first); its files stay where they are")
     p.add_argument("--storage-option", action="append", default=[], metavar="K=V",
                    help="--add: an option for URL's storage (repeatable), e.g. "
                         "endpoint_url=http://host:9000. Recorded in the metadata log for every "
@@ -163,24 +174,39 @@ def run_log_dirs(args) -> int:
     if args.add is None and args.storage_option:
         raise InvalidConfigError("--storage-option applies to --add only")
     options = parse_configs(args.storage_option, "--storage-option")
+    if args.remove is not None and not args.remove.strip():
+        raise InvalidConfigError("--remove needs a log dir name (logdir-<n>, or n)")
     admin = open_admin(args, "log-dirs")
     if args.add is not None:
         d = admin.add_log_dir(args.add, options)
         say(args, f"Added log dir {d.log_dir} at {d.url}.",
             {"log_dir": d.log_dir, "url": d.url, "directory_id": d.directory_id})
         return 0
-    sizes = admin.describe_log_dirs()
+    if args.remove is not None:
+        d = admin.remove_log_dir(args.remove)
+        say(args, f"Removed log dir {d.log_dir}; its files at {d.url} are left as they are.",
+            {"log_dir": d.log_dir, "url": d.url, "removed": True})
+        return 0
+    try:   # an offline log dir is listed as such, after the others: shown, then the error
+        sizes, offline = admin.describe_log_dirs(), None
+    except OfflineLogDirError as exc:
+        sizes, offline = exc.done, exc
     lags = admin.replica_lags()
     rows = []
     for d in admin.list_log_dirs():
         parts = sorted(sizes.get(d.log_dir, {}).items())
         lag = lags.get(d.log_dir, {})
+        error = ("KAFKA_STORAGE_ERROR" if offline is not None and d.log_dir in offline.offline
+                 else None)
         rows += [{"log_dir": d.log_dir, "url": d.url, "topic": tp.topic,
-                  "partition": tp.partition, "size": size, "offset_lag": lag.get(tp)}
-                 for tp, size in parts] or \
+                  "partition": tp.partition, "size": size, "offset_lag": lag.get(tp),
+                  "error": error} for tp, size in parts] or \
             [{"log_dir": d.log_dir, "url": d.url, "topic": None, "partition": None,
-              "size": None, "offset_lag": None}]
+              "size": None, "offset_lag": None, "error": error}]
     emit_rows(args, LOG_DIR_COLUMNS, rows)
+    if offline is not None:
+        sys.stdout.flush()
+        raise offline
     return 0
 
 

@@ -65,9 +65,12 @@ def add_features_parser(sub, parents) -> None:
         description="Protocol features (docs/protocol.md §2.3): a reader feature changes what "
                     "readers compute, and clients that lack it refuse to read; a writer feature "
                     "binds only writers, and clients that lack it refuse to write. --enable is "
-                    "an explicit step, one metadata entry; features are never turned off.",
+                    "an explicit step, one metadata entry (none if the feature is on already); "
+                    "features are never turned off.",
         epilog=OUTPUT_HELP + " Columns: feature, kind (reader or writer), enabled (in this "
-               "cluster), supported (by this client), description.")
+               "cluster), supported (by this client), description. --enable with --json: "
+               "those and changed (false when it was on already). A name this client does not "
+               "implement is a user error (exit status 2).")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--list", action="store_true", help="the cluster's and this client's features")
     g.add_argument("--enable", metavar="NAME", help="turn a feature on for every client")
@@ -75,10 +78,14 @@ def add_features_parser(sub, parents) -> None:
 
 
 def run_features(args) -> int:
+    from ..errors import InvalidConfigError
+    if args.enable is not None and not args.enable.strip():
+        raise InvalidConfigError("--enable needs a feature name (features --list shows them)")
     admin = open_admin(args, "features")
-    if args.enable:
+    if args.enable is not None:
         info = admin.enable_feature(args.enable)
-        say(args, f"Enabled {info['kind']} feature {args.enable}.",
+        say(args, f"Enabled {info['kind']} feature {args.enable}." if info["changed"] else
+            f"The {info['kind']} feature {args.enable} is enabled already; nothing was written.",
             {"feature": args.enable, **info})
         return 0
     rows = [{"feature": name, **info} for name, info in admin.features().items()]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from ..cluster.log_dirs import log_dir_name
 from ..errors import InvalidConfigError
 from .cluster_common import OUTPUT_HELP, columns, emit_rows, open_admin, say
 
@@ -26,9 +27,13 @@ def add_parser(sub, parents) -> None:
                     "removed replicas' files are deleted). --verify shows whether each is done. "
                     f"The file is Kafka's reassignment JSON, e.g. {EXAMPLE}; replicas are log "
                     "dir numbers (Kafka's broker ids) or names; log_dirs is accepted and must be "
-                    "\"any\".",
+                    "\"any\". --execute checks the whole file first: a partition that does not "
+                    "exist, or replicas that are empty, name a log dir twice or name one the "
+                    "cluster does not have, are a user error (exit status 2) and nothing is "
+                    "written.",
         epilog=OUTPUT_HELP + " Columns: topic, partition, status (started, refused: <error>, "
-               "in progress, complete), replicas, target. --verify exits 1 while any is in "
+               "in progress, complete), replicas, target. --execute exits 1 when a partition "
+               "was refused (REASSIGNMENT_IN_PROGRESS); --verify exits 1 while any is in "
                "progress.")
     p.add_argument("--reassignment-json-file", required=True, metavar="F")
     g = p.add_mutually_exclusive_group(required=True)
@@ -75,10 +80,12 @@ def run_reassign(args) -> int:
         raise InvalidConfigError(f"cannot read {args.reassignment_json_file}: {exc}") from None
     wanted = parse_reassignment(text)
     admin = open_admin(args, "reassign-partitions")
-    names = {k: [r if isinstance(r, str) else f"logdir-{r}" for r in v]
-             for k, v in wanted.items()}
     if args.execute:
+        # the whole file is checked before anything is written: a bad partition or target
+        # list is a user error (exit status 2) that writes nothing, not even a feature
         answers = admin.reassign_partitions(wanted)
+    names = {k: [log_dir_name(r) for r in v] for k, v in wanted.items()}
+    if args.execute:
         state = admin.cluster.state()
         rows = [{"topic": t, "partition": p,
                  "status": "started" if answers.get((t, p)) == "NONE"

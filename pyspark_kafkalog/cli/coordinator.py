@@ -43,7 +43,8 @@ def add_parser(sub, parents) -> None:
                    help="show the active coordinator (from the metadata log) and its answer")
     p.add_argument("--bind", "--listen", dest="bind", metavar="HOST:PORT", default=None,
                    help="where gRPC listens (default 127.0.0.1:0: loopback, any free port; "
-                        "clients find it through the metadata log)")
+                        "a port is 0..65535, another is refused; clients find it through the "
+                        "metadata log)")
     p.add_argument("--advertised-address", metavar="HOST:PORT", default=None,
                    help="the address clients are told (default: the bound one; the host name "
                         "for a wildcard bind)")

@@ -37,7 +37,8 @@ Exit status: 0 on success; 2 for a user error (a bad option or bad input: one li
 nothing changed); 1 for trouble with the data or the storage (corruption found, a cluster that
 needs a newer client, a write that lost to another, storage unavailable; also delete-records
 when a partition failed, dump when it found a problem, metadata --verify when the log is not
-sound, coordinator --status when no coordinator is active or it does not answer).
+sound, coordinator --status when no coordinator is active or it does not answer, retention,
+cleanup and log-dirs --describe when a log dir cannot be read, after doing the others).
 `kafkalog COMMAND --help` describes each command's columns.
 """
 

@@ -265,6 +265,16 @@ class AddLogDir(Action):
                                            factory=dict)
 
 
+@dataclass(frozen=True)
+class RemoveLogDir(Action):
+    """A registered log dir that holds no replica removed (reader feature ``logDirRemoval``,
+    docs/protocol.md §1.1). The name stays taken: it is never registered again, and no replica
+    list may name it, so a process that still has the old URL behind that name never writes a
+    new log dir's data there."""
+    OP: ClassVar[str] = "remove_log_dir"
+    log_dir: str = spec(check_str)
+
+
 def check_span(v) -> Optional[str]:
     if not isinstance(v, list) or len(v) != 2:
         return f"expected [start, end], got {v!r:.60}"

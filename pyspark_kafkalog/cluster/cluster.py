@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidConfigError,
-                      StorageNotFoundError, UnknownTopicOrPartitionError,
+                      InvalidRequestError, StorageNotFoundError, UnknownTopicOrPartitionError,
                       UnsupportedVersionError, error_for)
 from ..format.checkpoint import new_topic_id, validate_topic_name
 from ..log.config import LogConfig
@@ -178,16 +178,24 @@ class Cluster:
     def enable_feature(self, name: str) -> dict:
         """Turn a protocol feature on (docs/protocol.md §2.3): an explicit, logged step, one
         metadata entry. Only a feature this client implements can be enabled; from that entry
-        on, clients that lack it refuse to read (reader feature) or to write (writer feature)."""
+        on, clients that lack it refuse to read (reader feature) or to write (writer feature).
+        A feature the cluster has on already appends nothing. Returns the feature as
+        :meth:`features` describes it, with ``changed``: whether this call turned it on.
+        A name this client does not implement (or none) is the caller's mistake:
+        :class:`InvalidRequestError`, and nothing is written."""
         for kind in ("reader", "writer"):
-            if name in known_features(kind):
+            if isinstance(name, str) and name in known_features(kind):
+                state = self.state()
+                if name in (state.reader_features if kind == "reader"
+                            else state.writer_features):
+                    return dict(self.features(state)[name], changed=False)
                 action = (A.EnableFeatures(reader_features=[name]) if kind == "reader"
                           else A.EnableFeatures(writer_features=[name]))
                 self.submit_one(action)
-                return self.features()[name]
+                return dict(self.features()[name], changed=True)
         names = sorted(known_features("reader")) + sorted(known_features("writer"))
-        raise UnsupportedVersionError(f"feature {name!r} is not one this client implements "
-                                      f"(it knows: {', '.join(names) or 'none'})")
+        raise InvalidRequestError(f"feature {name!r} is not one this client implements "
+                                  f"(it knows: {', '.join(names) or 'none'})")
 
     def check_writable(self, state: Optional[ClusterState] = None) -> None:
         """Refuse (UNSUPPORTED_VERSION) before writing anything the metadata log does not
@@ -205,7 +213,8 @@ class Cluster:
 
     def log_dir_names(self, state: Optional[ClusterState] = None) -> List[str]:
         state = state if state is not None else self.metalog.state(refresh=False)
-        registered = [d for d in state.log_dirs if d not in self.root_logdirs]
+        registered = [d for d, info in state.log_dirs.items()
+                      if d not in self.root_logdirs and "removed" not in info]
         return sorted(self.root_logdirs + registered, key=L.log_dir_number)
 
     def log_dir_info(self, state: Optional[ClusterState] = None) -> List[dict]:

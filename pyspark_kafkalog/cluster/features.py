@@ -22,6 +22,8 @@ STREAMING_SINK = "streamingSink"
 COORDINATOR_LEASE = "coordinatorLease"
 #: log dirs at other URLs than the root, registered in the metadata log (§1.1)
 LOG_DIR_REGISTRY = "logDirRegistry"
+#: a registered log dir that holds no replica removed again (``remove_log_dir``, §1.1)
+LOG_DIR_REMOVAL = "logDirRemoval"
 #: followers copied to, the ISR and the stored high watermark (§1.3)
 REPLICATION = "replication"
 #: byte-rate quotas per client id (§12)
@@ -39,6 +41,8 @@ READER_FEATURES: Dict[str, str] = {
                        "actions carrying an older coordinator_epoch are fenced",
     LOG_DIR_REGISTRY: "add_log_dir actions: log dirs at other URLs than the cluster's root "
                       "(another bucket, another disk), where replicas are placed and read",
+    LOG_DIR_REMOVAL: "remove_log_dir actions: a registered log dir that holds no replica is "
+                     "removed; its name is never given again, and no replica may name it",
     REPLICATION: "replica_progress and alter_isr actions: followers hold copies, the ISR, and a "
                  "high watermark that waits for the ISR (visible = held by every ISR member)",
     CLIENT_QUOTAS: "client_quota actions: produce and fetch byte rates per client id (KIP-13), "

@@ -25,7 +25,7 @@ from ..log.config import LogConfig
 from ..log.logdir import META_PROPERTIES, LogDir
 from ..storage import open_storage
 from . import actions as A
-from .features import LOG_DIR_REGISTRY
+from .features import LOG_DIR_REGISTRY, LOG_DIR_REMOVAL
 from .state import ClusterState
 
 LOG_DIR_PREFIX = "logdir-"
@@ -197,8 +197,10 @@ def add_log_dir(cluster, url: str,
     docs/protocol.md §1.1); returns its description (``Cluster.log_dir_info``). Every refusal
     comes before anything is written there or to the metadata log: an overlap with the cluster's root or a known log dir
     (INVALID_REQUEST), a credential or client setting among ``storage_options``
-    (INVALID_CONFIG), an unreachable URL (KAFKA_STORAGE_ERROR), another cluster's log dir
-    (INCONSISTENT_CLUSTER_ID), or any other files (:class:`LogDirNotEmptyError`)."""
+    (INVALID_CONFIG), a storage that lives in this process only (``memory://``: other processes
+    would find the log dir empty; INVALID_REQUEST), an unreachable URL (KAFKA_STORAGE_ERROR),
+    another cluster's log dir (INCONSISTENT_CLUSTER_ID), or any other files
+    (:class:`LogDirNotEmptyError`)."""
     url = normalize_log_dir_url(url)
     options = checked_storage_options(storage_options)
     state = cluster.state()
@@ -216,6 +218,15 @@ def add_log_dir(cluster, url: str,
     try:
         storage = open_storage(url, **options,
                                **client_storage_options(url, cluster.client_options))
+    except KafkaStorageError as exc:
+        raise KafkaStorageError(f"log dir {url} is unreachable: {exc}") from None
+    if not storage.guarantees.multi_process:
+        raise InvalidRequestError(
+            f"{url}: its storage lives in this process only ({type(storage).__name__}), so every "
+            "other process (executors, the coordinator, other clients) would find the log dir "
+            "empty and fail the topics placed there; a log dir must be on storage that every "
+            "client of the cluster shares (a path they all mount, a bucket)")
+    try:
         dirs, files = storage.list_dirs(""), [f.name for f in storage.list("")]
     except KafkaStorageError as exc:
         raise KafkaStorageError(f"log dir {url} is unreachable: {exc}") from None
@@ -243,7 +254,9 @@ def add_log_dir(cluster, url: str,
     if LOG_DIR_REGISTRY not in state.reader_features:
         cluster.submit_one(A.EnableFeatures(reader_features=[LOG_DIR_REGISTRY]))
     for _ in range(ADD_ATTEMPTS):
-        name = f"{LOG_DIR_PREFIX}{1 + max(log_dir_number(d) for d in cluster.log_dir_names(state))}"
+        # after every name ever given: a removed log dir's name is never given again (§1.1)
+        taken = [*cluster.log_dir_names(state), *state.log_dirs]
+        name = f"{LOG_DIR_PREFIX}{1 + max(log_dir_number(d) for d in taken)}"
         _, state, results = cluster.submit([A.AddLogDir(
             log_dir=name, url=url, directory_id=meta["directory.id"], storage_options=options)])
         if results[0].ok:
@@ -252,6 +265,63 @@ def add_log_dir(cluster, url: str,
             raise error_for(results[0].error, results[0].message)
     raise InvalidRequestError(f"registering {url}: another client took the chosen log dir name "
                               f"{ADD_ATTEMPTS} times; try again")
+
+
+def log_dir_name(name) -> str:
+    """A log dir named by its name (``logdir-2``) or its number (``2``, as Kafka's tools name
+    brokers)."""
+    if isinstance(name, int) and not isinstance(name, bool) and name >= 0:
+        return f"{LOG_DIR_PREFIX}{name}"
+    if isinstance(name, str) and name.strip().isdigit() and name.strip().isascii():
+        return f"{LOG_DIR_PREFIX}{int(name)}"
+    if isinstance(name, str) and name.strip():
+        return name.strip()
+    raise InvalidRequestError(f"a log dir is named logdir-<n> or by its number n, got {name!r}")
+
+
+def replicas_on(state: ClusterState, name: str) -> List[str]:
+    """The partitions (``topic-p``) with a replica, or a reassignment's target, on log dir
+    ``name``."""
+    out = []
+    for topic, info in state.topics.items():
+        for p, replicas in enumerate(info["replicas"]):
+            rep = state.partition(topic, p).replication
+            if name in replicas or (rep is not None and name in rep.get("target", ())):
+                out.append(f"{topic}-{p}")
+    return out
+
+
+def remove_log_dir(cluster, name) -> dict:
+    """Remove the registered log dir ``name`` (or its number) from ``cluster`` (docs/protocol.md
+    §1.1); returns its description as it was (``Cluster.log_dir_info``). Refused, with nothing
+    written (INVALID_REQUEST): a name that is no registered log dir (a log dir under the root
+    cannot be removed), or one that holds a replica of any partition or is the target of a
+    reassignment in progress (move them first: ``reassign-partitions``). The first removal
+    enables ``logDirRemoval`` in an entry of its own. The log dir's files stay where they are;
+    its name is never given to another log dir."""
+    name = log_dir_name(name)
+    state = cluster.state()
+    cluster.check_writable(state)
+    if name in cluster.root_logdirs:
+        raise InvalidRequestError(f"log dir {name} is under the cluster's root {cluster.url}: "
+                                  "only a log dir registered at a URL of its own can be removed")
+    info = state.log_dirs.get(name)
+    if info is None or "removed" in info:
+        raise InvalidRequestError(
+            f"{name} is not a log dir of this cluster"
+            + (" any more (it was removed)" if info is not None else "")
+            + f"; its log dirs: {', '.join(cluster.log_dir_names(state))}")
+    users = replicas_on(state, name)
+    if users:
+        raise InvalidRequestError(
+            f"log dir {name} holds replicas (or reassignment targets) of {len(users)} "
+            f"partition(s): {', '.join(users[:5])}{', …' if len(users) > 5 else ''}; move them "
+            "to other log dirs first (kafkalog reassign-partitions), then remove it")
+    described = next(d for d in cluster.log_dir_info(state) if d["log_dir"] == name)
+    if LOG_DIR_REMOVAL not in state.reader_features:
+        cluster.submit_one(A.EnableFeatures(reader_features=[LOG_DIR_REMOVAL]))
+    cluster.submit_one(A.RemoveLogDir(log_dir=name))
+    return described
 
 
 def _name_lost(state: ClusterState, name: str, url: str, directory_id: str) -> bool:

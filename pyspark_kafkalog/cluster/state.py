@@ -25,7 +25,7 @@ from .merge_replay import MergeReplay
 from .replication_replay import ReplicationReplay
 from . import quotas as Q
 from .features import (CLIENT_QUOTAS, CONFIG_FEATURES, COORDINATOR_LEASE, LOG_DIR_REGISTRY,
-                       REPLICATION, SEGMENT_MERGE, STREAMING_SINK, check_readable,
+                       LOG_DIR_REMOVAL, REPLICATION, SEGMENT_MERGE, STREAMING_SINK, check_readable,
                        unknown_features)
 from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
@@ -321,6 +321,8 @@ class ClusterState(ReplicationReplay, MergeReplay):
                            "one non-empty replica list per partition")
         if self._duplicate_replicas(a.replicas):
             return A.error("INVALID_REPLICA_ASSIGNMENT", self._duplicate_replicas(a.replicas))
+        if self._removed_log_dir(a.replicas):
+            return A.error("INVALID_REPLICA_ASSIGNMENT", self._removed_log_dir(a.replicas))
         try:
             LogConfig.from_properties(a.configs)
         except InvalidConfigError as exc:
@@ -365,12 +367,47 @@ class ClusterState(ReplicationReplay, MergeReplay):
             return A.error("INVALID_REQUEST", f"log dir name {a.log_dir} is taken (by "
                            f"{self.log_dirs[a.log_dir]['url']})")
         for name, info in self.log_dirs.items():
+            if "removed" in info:
+                continue   # its name stays taken (above), its URL may be registered again
             if info["url"] == a.url or info["directory_id"] == a.directory_id:
                 return A.error("INVALID_REQUEST", f"{a.url} is registered already, as {name}")
         self.log_dirs = dict(self.log_dirs, **{a.log_dir: {
             "url": a.url, "directory_id": a.directory_id,
             "storage_options": dict(a.storage_options), "added": ts}})
         return A.Result()
+
+    def _remove_log_dir(self, a: A.RemoveLogDir, ts: int) -> A.Result:
+        """A registered log dir that holds no replica, and is no reassignment's target, is
+        removed (§1.1). It stays in ``log_dirs`` marked ``removed`` (the entry's timestamp):
+        its name is never registered again and no replica list may name it, so a process that
+        still resolves the name to the old URL never meets a new log dir's data under it."""
+        if LOG_DIR_REMOVAL not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"remove_log_dir needs the feature "
+                           f"{LOG_DIR_REMOVAL}, which this cluster has not enabled")
+        info = self.log_dirs.get(a.log_dir)
+        if info is None or "removed" in info:
+            return A.error("INVALID_REQUEST", f"{a.log_dir!r:.60} is not a registered log dir"
+                           + (" (it was removed)" if info is not None else ""))
+        for topic, t in self.topics.items():
+            for p, replicas in enumerate(t["replicas"]):
+                rep = self.partitions[tp_key(topic, p)].replication
+                if a.log_dir in replicas or (rep is not None
+                                             and a.log_dir in rep.get("target", ())):
+                    return A.error("INVALID_REQUEST", f"log dir {a.log_dir} holds a replica of "
+                                   f"{topic}-{p}: move it away first (reassign_partitions)")
+        self.log_dirs = dict(self.log_dirs, **{a.log_dir: dict(info, removed=ts)})
+        return A.Result()
+
+    def _removed_log_dir(self, replicas: List[List[str]]) -> Optional[str]:
+        """A replica on a removed log dir (§1.1): refused, so that a writer that planned before
+        the removal cannot place data under a name no longer a log dir."""
+        if not any("removed" in info for info in self.log_dirs.values()):
+            return None
+        for i, r in enumerate(replicas):
+            for d in r:
+                if "removed" in self.log_dirs.get(d, ()):
+                    return f"replica list {i} names log dir {d}, which was removed"
+        return None
 
     def _delete_topic(self, a: A.DeleteTopic, ts: int) -> A.Result:
         topic = a.topic
@@ -446,6 +483,8 @@ class ClusterState(ReplicationReplay, MergeReplay):
                            "one non-empty replica list per new partition")
         if self._duplicate_replicas(a.replicas):
             return A.error("INVALID_REPLICA_ASSIGNMENT", self._duplicate_replicas(a.replicas))
+        if self._removed_log_dir(a.replicas):
+            return A.error("INVALID_REPLICA_ASSIGNMENT", self._removed_log_dir(a.replicas))
         info = self._topic_w(topic)
         for p in range(current, a.total):
             self._new_partition(tp_key(topic, p))

@@ -11,6 +11,7 @@ partitions by ISR size, and the largest replication lag in offsets (docs/coordin
 from __future__ import annotations
 
 import logging
+import re
 from typing import Callable, Dict, Mapping, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -22,6 +23,24 @@ from .fetch_session import (INCREMENTAL_FETCH_SESSION_EVICTIONS_PER_SEC,
 log = logging.getLogger(__name__)
 
 PREFIX = "kafkalog_coordinator"
+#: what a client id label may not hold as it is: '%' (the escape itself), control characters
+#: (Unicode Cc: C0, DEL, C1) and lone surrogates (a JSON string may hold one; UTF-8 cannot)
+_UNSAFE_IN_LABEL = re.compile("[%\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def client_label(client_id: str) -> str:
+    """A client id as a Prometheus label value: the client id itself, except that '%',
+    control characters and lone surrogates are percent-encoded as their UTF-8 bytes
+    (``a\\r`` -> ``a%0D``, NUL -> ``%00``, ``50%`` -> ``50%25``), as Kafka's ``Sanitizer``
+    percent-encodes client ids for JMX (it encodes more). Label values may hold any UTF-8, but
+    a CR or NUL in a scrape breaks parsers and log lines alike, and a lone surrogate cannot be
+    written at all; escaping '%' too keeps two client ids two series (docs/operations.md,
+    "Metrics")."""
+    if not _UNSAFE_IN_LABEL.search(client_id):
+        return client_id
+    return _UNSAFE_IN_LABEL.sub(
+        lambda m: "".join(f"%{b:02X}" for b in m.group().encode("utf-8", "surrogatepass")),
+        client_id)
 
 
 class CoordinatorMetrics:
@@ -82,7 +101,7 @@ class CoordinatorMetrics:
     def watch_client_quotas(self, usage: Callable[[], Mapping]) -> None:
         """Export ``usage()`` (``QuotaService.usage``: {(client_id, kind): (byte rate, throttle
         time max ms, avg ms)}) at each scrape: Kafka's per-client ``byte-rate`` and
-        ``throttle-time``, as the quota check sees them."""
+        ``throttle-time``, labelled by :func:`client_label`."""
         self.registry.register(_ClientQuotaCollector(usage))
 
     def watch_fetch_sessions(self, cache) -> None:
@@ -116,14 +135,15 @@ class CoordinatorMetrics:
         self.isr_expands.inc(result.isr_expands)
 
     def count_usage(self, client_id: str, kind: str, nbytes: int, delay_s: float) -> None:
-        self.client_bytes.labels(client_id=client_id, kind=kind).inc(nbytes)
+        label = client_label(client_id)
+        self.client_bytes.labels(client_id=label, kind=kind).inc(nbytes)
         if delay_s > 0:
-            self.client_throttle.labels(client_id=client_id, kind=kind).inc(delay_s)
+            self.client_throttle.labels(client_id=label, kind=kind).inc(delay_s)
 
     def summary(self) -> Dict[str, object]:
         """The current values, for the Status RPC: by their names without the prefix (and
         ``_total``), the maintenance counters as ``{kind: count}``, the per-client ones as
-        ``{client_id: {kind: value}}``."""
+        ``{client_id: {kind: value}}`` (client ids as their labels: :func:`client_label`)."""
         out: Dict[str, object] = {}
         for family in self.registry.collect():
             short = family.name[len(PREFIX) + 1:]
@@ -225,7 +245,7 @@ class _ClientQuotaCollector:
                     for n, h in _CLIENT_GAUGES]
         for (client_id, kind), values in sorted(self._usage().items()):
             for family, value in zip(families, values):
-                family.add_metric([client_id, kind], value)
+                family.add_metric([client_label(client_id), kind], value)
         yield from families
 
 

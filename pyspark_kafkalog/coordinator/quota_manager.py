@@ -1,18 +1,50 @@
-"""KIP-13's byte-rate measurement and throttle time, per client id and quota kind.
+"""KIP-13's byte-rate quotas, per client id and quota kind: how long a client must wait, and
+its byte rate over the quota window.
 
-Kafka measures a client's byte rate over ``quota.window.num`` samples of
-``quota.window.size.seconds`` each and, when the rate is over the quota, delays the client by
-the time the excess bytes need at the quota's rate: (bytes in the window − quota × window) ÷
-quota. A producer's data is written first and its acknowledgement delayed; a consumer is
-delayed before it reads. Here one coordinator sees every client of a cluster, so the quota is
-cluster-wide instead of per broker (docs/protocol.md §12); this class is only the arithmetic,
-with the clock passed in, so the service and tests drive it alike.
+Here one coordinator sees every client of a cluster, so the quota is cluster-wide instead of
+per broker (docs/protocol.md §12.1). A producer's data is written first and its
+acknowledgement delayed; a consumer is delayed before it reads. This class is only the
+arithmetic, with the clock passed in, so the service and tests drive it alike.
+
+- **The wait** comes from a token bucket, Kafka's ``TokenBucket`` stat (KIP-599, which Kafka
+  enforces its controller mutation quotas with): a client id's *level* is the bytes it took
+  that the quota has not yet drained, ``level = max(0, level − quota × elapsed) + bytes``, and
+  a request waits ``(level − burst) ÷ quota`` when the level is over ``burst = quota ×
+  (quota.window.num − 1) × quota.window.size.seconds``: a fresh (or long idle) client may use
+  that many windows' worth of its quota at once, as Kafka's windowed ``Rate`` lets it.
+- **The wait is bounded** by the whole window, ``window_num × window_size_s``. (Kafka bounds
+  its request-time and connection-rate throttles so, ``QuotaUtils.boundedThrottleTime``, at one
+  window; its byte-rate throttles it does not bound.) A tiny quota (1 B/s, or a 1e-300 an older
+  client wrote) then slows its client to one request per window instead of telling it to wait
+  for days; what the bound does not make a client wait for is forgiven, so that the level stays
+  bounded and a raised quota counts at the next request.
+- **The byte rate** reported (``rate``: ClientUsage, the metrics) is over ``window_num``
+  samples of ``window_size_s``, as before the bucket: a request's bytes count in the sample
+  that holds the end of its wait (when the client has them), a sample is kept until it ended
+  ``window_num`` windows ago, and the rate is the bytes kept over the time since the oldest
+  kept sample began, at least ``window_num − 1`` windows. Samples are made ahead only as far
+  as the bounded wait, so a client id and kind hold at most ``2 × window_num + 2`` of them and
+  a few numbers, whatever the quota and the traffic.
+
+Why a bucket and not the windowed rate Kafka throttles byte rates with: a window forgets, a
+bucket does not. With the window, bytes counted on arrival leave it before the wait they
+caused, and concurrent tasks of one client id together ran over the quota (4 tasks 1.25 ×);
+counted as one lump at the end of their wait (this package until now), a steady consumer's
+just-delivered bytes sat beside its next request's and it ran under its quota (0.87 × of 2 MB/s
+with 1 MiB fetches and 2 windows of 1 s, 0.75 × of 1 MiB/s); spread over the wait instead, a
+job that had spent its burst got it again as soon as the burst left the window (two jobs of
+one client id: 1.13 ×, tests/test_quota_spark.py). The bucket gives a steady client its quota,
+queues concurrent requests one after another at the quota, and never grants the burst twice
+without the idle time that earns it (simulated: 1.00 ×, 1.00 ×; tests/test_quota_abuse.py).
+Its one limit is the bound: requests in flight that together hold more than quota × the bound
+(a 3 MB write against 1 B/s; 16 tasks × 1 MiB at 4 MB/s against 2 s) get more than the quota.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Optional, Tuple
 
 DEFAULT_WINDOW_NUM = 11          # Kafka's quota.window.num
@@ -20,6 +52,8 @@ DEFAULT_WINDOW_SIZE_S = 1.0      # Kafka's quota.window.size.seconds
 #: Kafka's ClientQuotaManager drops a client id's sensors after an hour without a request; a
 #: coordinator runs for weeks and client ids can be per job, so it forgets them too
 INACTIVE_EXPIRY_S = 3600.0
+#: Kafka's Rate.windowSize is never less than 1 ms
+_MIN_ELAPSED_S = 0.001
 
 
 @dataclass
@@ -28,10 +62,21 @@ class _Sample:
     bytes: float = 0.0
 
 
+@dataclass
+class _Meter:
+    """One (client id, kind): the samples of its byte rate (oldest first, the current one
+    last), its bucket's level (bytes) as of ``at``, and the latest time it was asked at (a
+    clock that steps back is taken as standing still)."""
+    at: float
+    samples: Deque[_Sample] = field(default_factory=deque)
+    level: float = 0.0
+
+
 class QuotaManager:
     """``record(client_id, kind, nbytes, now)`` returns the throttle time in seconds (0 when
-    within quota). ``quota(client_id, kind)`` gives the byte rate that applies, or None; it is
-    read at every call, so a changed quota takes effect at the next request."""
+    within quota, at most :attr:`max_throttle_s`). ``quota(client_id, kind)`` gives the byte
+    rate that applies, or None; it is read at every call, so a changed quota takes effect at
+    the next request."""
 
     def __init__(self, quota: Callable[[str, str], Optional[float]], *,
                  window_num: int = DEFAULT_WINDOW_NUM,
@@ -42,7 +87,9 @@ class QuotaManager:
         self.quota = quota
         self.window_num = window_num
         self.window_size_s = window_size_s
-        self._samples: Dict[Tuple[str, str], Deque[_Sample]] = {}
+        #: the longest wait ever given: the whole quota window
+        self.max_throttle_s = float(window_num * window_size_s)
+        self._meters: Dict[Tuple[str, str], _Meter] = {}
         #: (max, requests, total) throttle seconds, over every request (Kafka's client metrics
         #: ``*-throttle-time-max`` / ``-avg`` count unthrottled responses as 0)
         self._throttled: Dict[Tuple[str, str], Tuple[float, int, float]] = {}
@@ -51,49 +98,54 @@ class QuotaManager:
         self._swept = float("-inf")
         self._lock = threading.Lock()
 
-    def _window(self, key: Tuple[str, str], now: float) -> Deque[_Sample]:
-        samples = self._samples.setdefault(key, deque())
-        if not samples or now >= samples[-1].start + self.window_size_s:
-            samples.append(_Sample(now))
-        horizon = now - self.window_num * self.window_size_s
-        while samples and samples[0].start + self.window_size_s <= horizon:
-            samples.popleft()
-        return samples
-
     def record(self, client_id: str, kind: str, nbytes: int, now: float) -> float:
         """Count ``nbytes`` and return how long the client must wait (seconds)."""
         with self._lock:
             key = (client_id or "", kind)
             self._expire(now)
             self._seen[key] = now
-            samples = self._window(key, now)
-            delay = self._throttle(key, samples, now, nbytes)
-            self._sample_at(samples, now + delay).bytes += nbytes
+            meter = self._meters.get(key)
+            if meter is None:
+                meter = self._meters[key] = _Meter(at=now)
+            now = max(now, meter.at)
+            delay = self._throttle(key, meter, now, nbytes)
+            self._sample_at(self._window(meter.samples, now), now + delay).bytes += nbytes
             top, n, total = self._throttled.get(key, (0.0, 0, 0.0))
             self._throttled[key] = (max(top, delay), n + 1, total + delay)
             return delay
 
-    def _expire(self, now: float) -> None:
-        """Forget the client ids without a request for ``inactive_expiry_s`` (never less than
-        the quota window): their samples, and their throttle max and average, as Kafka's
-        expired sensors. Swept at most 60 times per expiry period."""
-        if now < self._swept + self.inactive_expiry_s / 60:
-            return
-        self._swept = now
-        for key in [k for k, t in self._seen.items() if t + self.inactive_expiry_s <= now]:
-            del self._seen[key]
-            self._samples.pop(key, None)
-            self._throttled.pop(key, None)
+    def _throttle(self, key, meter: _Meter, now: float, nbytes: int) -> float:
+        """The bucket (Kafka's ``TokenBucket``): drain the level at the quota that applies
+        now, add the request's bytes, and wait until the level is back at the burst; at most
+        ``max_throttle_s``, the rest forgiven. Without a quota, nothing is kept."""
+        bound = self.quota(*key)
+        if bound is None or not 0 < bound < math.inf:
+            meter.level, meter.at = 0.0, now
+            return 0.0
+        level = max(0.0, meter.level - bound * (now - meter.at)) + nbytes
+        burst = bound * (self.window_num - 1) * self.window_size_s
+        delay = 0.0
+        if level > burst:
+            delay = (level - burst) / bound
+            if not delay <= self.max_throttle_s:        # past the bound, or not even finite
+                delay = self.max_throttle_s
+                level = burst + bound * delay
+        meter.level, meter.at = level, now
+        return delay
+
+    def _window(self, samples: Deque[_Sample], now: float) -> Deque[_Sample]:
+        """The samples as of ``now``: a current one begun at now if the last one has ended,
+        and those that ended ``window_num`` windows ago or earlier dropped."""
+        if not samples or now >= samples[-1].start + self.window_size_s:
+            samples.append(_Sample(now))
+        horizon = now - self.window_num * self.window_size_s
+        while samples[0].start + self.window_size_s <= horizon:
+            samples.popleft()
+        return samples
 
     def _sample_at(self, samples: Deque[_Sample], t: float) -> _Sample:
-        """The sample whose window holds time ``t``, made (in the future) if need be.
-
-        Why the bytes of a throttled request count at the end of its wait, where Kafka counts
-        them when they arrive: the client has them only then (a producer's acknowledgement, a
-        consumer's records), so that is when they add to its rate. Counted on arrival, bytes
-        that arrive late in a sample leave the window with it while the wait they caused stays,
-        and every task of a client id with a request in flight gains that much: 4 concurrent
-        tasks ran at 1.25 x the quota, and at 0.97 x counted this way (docs/performance.md)."""
+        """The sample whose window holds time ``t`` (at most ``max_throttle_s`` from now),
+        made ahead if need be."""
         while t >= samples[-1].start + self.window_size_s:
             samples.append(_Sample(samples[-1].start + self.window_size_s))
         for sample in reversed(samples):
@@ -101,31 +153,48 @@ class QuotaManager:
                 return sample
         return samples[0]
 
-    def _throttle(self, key, samples, now: float, nbytes: int = 0) -> float:
-        bound = self.quota(*key)
-        if bound is None or bound <= 0:
-            return 0.0
-        total = sum(s.bytes for s in samples) + nbytes
-        # Kafka's elapsed window: the full windows kept plus the current one so far, and never
-        # less than (num - 1) windows, so that a first burst is not judged over a tiny span
-        elapsed = max(now - samples[0].start, (self.window_num - 1) * self.window_size_s)
-        excess = total - bound * elapsed
-        return excess / bound if excess > 0 else 0.0
+    def _elapsed(self, oldest_start: float, now: float) -> float:
+        """The span the byte rate is over: since the oldest sample kept began, and never less
+        than ``window_num − 1`` windows."""
+        return max(now - oldest_start, (self.window_num - 1) * self.window_size_s,
+                   _MIN_ELAPSED_S)
+
+    def _expire(self, now: float) -> None:
+        """Forget the client ids without a request for ``inactive_expiry_s`` (never less than
+        the quota window): their samples and bucket, and their throttle max and average, as
+        Kafka's expired sensors. Swept at most 60 times per expiry period."""
+        if now < self._swept + self.inactive_expiry_s / 60:
+            return
+        self._swept = now
+        for key in [k for k, t in self._seen.items() if t + self.inactive_expiry_s <= now]:
+            del self._seen[key]
+            self._meters.pop(key, None)
+            self._throttled.pop(key, None)
 
     def rate(self, client_id: str, kind: str, now: float) -> float:
-        """Bytes per second over the window, as the quota check sees it."""
+        """Bytes per second over the window, the bytes of waits still running included.
+        Changes nothing: asking is not a request."""
         with self._lock:
-            key = (client_id or "", kind)
-            if key not in self._samples:   # asking about a client id does not make it one
+            meter = self._meters.get((client_id or "", kind))
+            if meter is None:      # asking about a client id does not make it one
                 return 0.0
-            samples = self._window(key, now)
-            elapsed = max(now - samples[0].start, (self.window_num - 1) * self.window_size_s)
-            return sum(s.bytes for s in samples) / elapsed
+            now = max(now, meter.at)
+            horizon = now - self.window_num * self.window_size_s
+            kept = [s for s in meter.samples if s.start + self.window_size_s > horizon]
+            if not kept:
+                return 0.0
+            return sum(s.bytes for s in kept) / self._elapsed(kept[0].start, now)
 
     def clients(self):
         """The (client id, kind) pairs seen within ``inactive_expiry_s``."""
         with self._lock:
-            return list(self._samples)
+            return list(self._meters)
+
+    def sample_count(self) -> int:
+        """Samples held, over every client id and kind (at most ``2 × window_num + 2``
+        each)."""
+        with self._lock:
+            return sum(len(m.samples) for m in self._meters.values())
 
     def throttle_stats(self, client_id: str, kind: str) -> Tuple[float, float, int]:
         """(max, average) throttle time in seconds over the client's requests since it was

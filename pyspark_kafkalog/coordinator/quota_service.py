@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable, Mapping, Optional
 
-from ..cluster.quotas import FETCH, PRODUCE, quota_for
+from ..cluster.quotas import FETCH, LONG_MAX, MAX_CLIENT_ID, PRODUCE, quota_for
 from ..errors import InvalidRequestError
 from .quota_manager import DEFAULT_WINDOW_NUM, DEFAULT_WINDOW_SIZE_S, QuotaManager
 
@@ -50,13 +50,17 @@ class QuotaService:
     def record_usage(self, request: dict) -> dict:
         """RPC ``RecordUsage{client_id, kind: produce|fetch, bytes}`` -> ``{throttle_ms,
         quota}``: the client counts its bytes and waits ``throttle_ms`` (a producer after its
-        write, before it acknowledges; a consumer before it reads)."""
+        write, before it acknowledges; a consumer before it reads). ``throttle_ms`` is at most
+        the whole quota window (``quota.window.num`` x ``quota.window.size.seconds``),
+        whatever the quota."""
         client_id, kind, nbytes = (request.get("client_id"), request.get("kind"),
                                    request.get("bytes"))
-        if not isinstance(client_id, str) or kind not in KINDS \
-                or not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
-            raise InvalidRequestError("RecordUsage needs client_id (a string), kind (produce or "
-                                      "fetch) and bytes (an integer >= 0)")
+        if not isinstance(client_id, str) or len(client_id) > MAX_CLIENT_ID or kind not in KINDS \
+                or not isinstance(nbytes, int) or isinstance(nbytes, bool) \
+                or not 0 <= nbytes <= LONG_MAX:
+            raise InvalidRequestError(f"RecordUsage needs client_id (a string of at most "
+                                      f"{MAX_CLIENT_ID} characters), kind (produce or fetch) and "
+                                      f"bytes (an integer from 0 to {LONG_MAX})")
         now = self.clock()
         self._refresh(now)
         delay = self.manager.record(client_id, kind, nbytes, now)

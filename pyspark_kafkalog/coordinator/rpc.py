@@ -22,7 +22,7 @@ from typing import Callable, Dict, Optional
 import grpc
 
 from ..errors import (CoordinatorAuthenticationError, CoordinatorNotAvailableError,
-                      InvalidConfigError, KafkaLogError, NotControllerError,
+                      InvalidConfigError, InvalidRequestError, KafkaLogError, NotControllerError,
                       UnsupportedVersionError, error_for)
 from .auth import TokenInterceptor, call_metadata
 
@@ -40,6 +40,33 @@ def encode(obj) -> bytes:
 
 def decode(data: bytes):
     return json.loads(data) if data else {}
+
+
+@dataclass(frozen=True)
+class _Malformed:
+    """A request body that is no JSON object, and why."""
+    problem: str
+
+
+def decode_request(data: bytes):
+    """The server's request deserializer: the JSON object (an empty body is ``{}``), or a
+    :class:`_Malformed` naming what is wrong, which the call answers with INVALID_ARGUMENT
+    (``INVALID_REQUEST``). It never raises nor returns None: gRPC would answer either with
+    INTERNAL, "Exception deserializing request!", and log a traceback for the former."""
+    if not data:
+        return {}
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        return _Malformed("the request body is not JSON this server reads (nested too deep)")
+    except ValueError as exc:              # not UTF-8, or not JSON
+        return _Malformed(f"the request body is not JSON ({str(exc)[:200]})")
+    if not isinstance(obj, dict):
+        kind = ("null" if obj is None else "a boolean" if isinstance(obj, bool)
+                else "a number" if isinstance(obj, (int, float))
+                else "a string" if isinstance(obj, str) else "an array")
+        return _Malformed(f"the request body must be a JSON object, got {kind}")
+    return obj
 
 
 def method_path(name: str) -> str:
@@ -74,7 +101,7 @@ class _Dispatch(grpc.GenericRpcHandler):
             return None
         return grpc.unary_unary_rpc_method_handler(
             lambda request, context: self._server.call(name, method, request, context),
-            request_deserializer=decode, response_serializer=encode)
+            request_deserializer=decode_request, response_serializer=encode)
 
 
 class RpcServer:
@@ -101,6 +128,8 @@ class RpcServer:
 
     def call(self, path: str, method: Method, request, context):
         try:
+            if isinstance(request, _Malformed):
+                raise InvalidRequestError(f"{path.rpartition('/')[2]}: {request.problem}")
             if method.mutating and not self._is_active():
                 raise NotControllerError("this coordinator is not the active one (standby or "
                                          "fenced); ask the one the metadata log names")

@@ -48,9 +48,10 @@ from .metrics import CoordinatorMetrics, metrics_url
 from .quota_manager import DEFAULT_WINDOW_NUM, DEFAULT_WINDOW_SIZE_S
 from .quota_service import QuotaService
 from .replicator import (DEFAULT_BROKER_SESSION_TIMEOUT_MS, DEFAULT_REPLICA_LAG_TIME_MAX_MS,
-                         Replicator)
-from .rpc import RpcServer
+                         DEFAULT_REPLICA_VERIFY_INTERVAL_MS, Replicator)
+from .rpc import MAX_WORKERS, RpcServer
 from .scheduler import KINDS, MaintenanceScheduler, SchedulerConfig
+from .serving import ServingWatch
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,15 @@ class ClusterLeases:
 
 
 def _split(bind: str):
-    host, sep, port = bind.rpartition(":")
-    if not sep or not port.isdigit():
+    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port), checked: the port is a decimal number
+    0..65535 (0: any free port). gRPC would take 99999 and listen on 99999 mod 65536."""
+    host, sep, port = bind.rpartition(":") if isinstance(bind, str) else ("", "", "")
+    if not sep or not port.isdigit() or not port.isascii():
         raise InvalidConfigError(f"bind address {bind!r}: expected HOST:PORT (port 0: any free "
                                  "port)")
+    if not 0 <= int(port) <= 65535:
+        raise InvalidConfigError(f"bind address {bind!r}: port {int(port)} is not 0..65535 "
+                                 "(0: any free port)")
     return host.strip("[]"), int(port)
 
 
@@ -203,6 +209,8 @@ class Coordinator:
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
         self._rpc: Optional[RpcServer] = None
+        #: whether an RPC worker is free: a coordinator that cannot serve gives the lease up
+        self.serving = ServingWatch(MAX_WORKERS)
         for name, value in (("quota.producer.default", quota_producer_default),
                             ("quota.consumer.default", quota_consumer_default)):
             if value is not None and not value > 0:
@@ -247,7 +255,7 @@ class Coordinator:
         cluster, so it is refused with NOT_CONTROLLER whenever this process is not active."""
         self._methods[name] = (handler, mutating)
         if self._rpc is not None:
-            self._rpc.add_method(name, handler, mutating=mutating)
+            self._rpc.add_method(name, self.serving.wrap(handler), mutating=mutating)
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -258,7 +266,7 @@ class Coordinator:
         self._rpc = RpcServer(self.bind, self._token, is_active=lambda: self.active,
                               on_refusal=self.metrics.auth_failures.inc)
         for name, (handler, mutating) in self._methods.items():
-            self._rpc.add_method(name, handler, mutating=mutating)
+            self._rpc.add_method(name, self.serving.wrap(handler), mutating=mutating)
         self._rpc.start()
         self.address = self.advertised_address or _join(_reachable_host(self._bind_host),
                                                         self._rpc.port)
@@ -339,6 +347,8 @@ class Coordinator:
         interval_s = self.lease_ms / 3000
         while not self._stop.wait(self._next_wait_s(interval_s)):
             try:
+                if self._cannot_serve():
+                    continue
                 if self._lease is None:
                     self._try_acquire()
                 else:
@@ -393,6 +403,25 @@ class Coordinator:
             if self._lease is held:          # not fenced meanwhile by a maintenance hook
                 self._lease = renewed
                 self.metrics.lease_renewals.inc()
+
+    def _cannot_serve(self) -> bool:
+        """Whether no RPC worker has been free for a whole lease (``serving.py``): then an
+        active coordinator stops acting and releases the lease, so that a standby takes over
+        at its next try, and none takes the lease while that lasts."""
+        stalled_s = self.serving.stalled_s()
+        if stalled_s * 1000 < self.lease_ms:
+            return False
+        held = self._lease
+        if held is not None:
+            self.fence(f"it cannot serve: all {self.serving.workers} RPC workers have been busy "
+                       f"for {stalled_s:.1f} s, more than its lease ({self.lease_ms} ms); it "
+                       "gives the lease up")
+            try:
+                self.leases.release(held)
+            except Exception as exc:   # noqa: BLE001 - it lapses by itself within lease_ms
+                log.warning("coordinator %s could not release epoch %d (it lapses within %d "
+                            "ms): %s", self.holder, held.epoch, self.lease_ms, exc)
+        return True
 
     def _step_down_if_lapsed(self) -> None:
         held = self._lease
