@@ -143,8 +143,8 @@ def test_a_lost_follower_leaves_the_isr_and_min_isr_freezes_the_high_watermark(t
     # the case: min.insync.replicas=2 and one replica down. acks=all fails with
     # NOT_ENOUGH_REPLICAS and nothing is reserved or shows; acks=1 succeeds (and waits to show)
     from pyspark_kafkalog.errors import NotEnoughReplicasError
-    with pytest.raises(NotEnoughReplicasError) as refused:
-        produce(admin, 1, 90, acks="all")
+    with pytest.raises(NotEnoughReplicasError) as refused:      # no retries: the rule itself
+        produce(admin, 1, 90, acks="all", delivery_timeout_ms=0)
     assert refused.value.error_code == 19
     assert admin.cluster.state().partition("t", 0).next_offset == 9
     assert [m.offset for m in produce(admin, 1, 9, acks="1")] == [9]
@@ -255,7 +255,7 @@ def test_acks_all_below_min_isr_is_refused_before_anything_is_written(tmp_path):
     rep.tick()                                           # the feature is on; ISR = [leader]
     before = admin.cluster.state().partition("t", 0).next_offset
     try:
-        produce(admin, 3, 2, acks="all")
+        produce(admin, 3, 2, acks="all", delivery_timeout_ms=0)   # no retries: the rule itself
     except NotEnoughReplicasError as exc:
         assert exc.error_code == 19 and "min.insync.replicas" in str(exc)
     else:
@@ -273,7 +273,7 @@ def test_acks_all_without_a_coordinator_times_out_and_shows_nothing(tmp_path):
     in_sync(admin, rep)
     # the lease is held but nobody copies (as after the coordinator died)
     try:
-        produce(admin, 3, 2, acks="all", request_timeout_ms=300)
+        produce(admin, 3, 2, acks="all", request_timeout_ms=300, delivery_timeout_ms=0)
     except RequestTimedOutError as exc:
         assert exc.error_code == 7 and "nothing of it is visible" in str(exc)
     else:

@@ -177,16 +177,24 @@ class Admin:
 
     def produce(self, topic: str, records: Iterable[Union[Record, tuple]], *,
                 partition: Optional[int] = None, compression=None, acks=None,
-                request_timeout_ms: Optional[int] = None) -> List[RecordMetadata]:
+                request_timeout_ms: Optional[int] = None,
+                delivery_timeout_ms: Optional[int] = None,
+                retry_backoff_ms: Optional[int] = None) -> List[RecordMetadata]:
         """Write records as one atomic unit; returns where each landed (acknowledged).
         ``acks``: ``"all"`` (default: once the ISR of each replicated partition holds them) or
         ``"1"`` (at the leader), docs/protocol.md §1.3; ``request_timeout_ms``: how long
-        acks=all waits (default 30000) before it aborts the write and raises."""
+        acks=all waits (default 30000) before it aborts the write. A write that fails with a
+        retriable error (an election, the ISR below ``min.insync.replicas``, that timeout) is
+        written again, as Kafka's producer does, every ``retry_backoff_ms`` (100) until
+        ``delivery_timeout_ms`` (120000; 0: never): a failed attempt was aborted, so no record
+        is ever written twice (docs/protocol.md §3)."""
         recs = [r if isinstance(r, Record) else Record(*r) for r in records]
         if not recs:
             return []
+        retries = {k: v for k, v in (("delivery_timeout_ms", delivery_timeout_ms),
+                                     ("retry_backoff_ms", retry_backoff_ms)) if v is not None}
         placed = Producer(self.cluster, acks=acks, request_timeout_ms=request_timeout_ms,
-                          quota=self.quota
+                          quota=self.quota, **retries
                           ).produce(topic, recs, partition=partition, compression=compression)
         return [RecordMetadata(topic, p, o) for p, o in placed]
 

@@ -43,6 +43,8 @@ def run_produce(args) -> int:
     non_negative(args.partition, "--partition")
     acks = parse_acks(args.acks)
     non_negative(args.request_timeout_ms, "--request-timeout-ms")
+    non_negative(args.delivery_timeout_ms, "--delivery-timeout-ms")
+    non_negative(args.retry_backoff_ms, "--retry-backoff-ms")
     admin = open_admin(args, "produce")
     _check_partition(admin, args.topic, args.partition)
     cluster = admin.cluster
@@ -62,7 +64,9 @@ def run_produce(args) -> int:
         return 0
     placed = admin.produce(args.topic, records, partition=args.partition,
                            compression=args.compression, acks=acks,
-                           request_timeout_ms=args.request_timeout_ms)
+                           request_timeout_ms=args.request_timeout_ms,
+                           delivery_timeout_ms=args.delivery_timeout_ms,
+                           retry_backoff_ms=args.retry_backoff_ms)
     emit_rows(args, ACK_COLUMNS, [{"topic": a.topic, "partition": a.partition, "offset": a.offset}
                                   for a in placed])
     report_throttle(args, admin)

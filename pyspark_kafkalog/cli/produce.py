@@ -70,6 +70,13 @@ def add_parser(sub, parents=()) -> None:
     add_client_options(proto)
     proto.add_argument("--request-timeout-ms", type=int, default=None,
                        help="how long acks=all waits for the ISR (default 30000)")
+    proto.add_argument("--delivery-timeout-ms", type=int, default=None,
+                       help="Kafka's producer setting: how long a write that failed with a "
+                            "retriable error (an election, the ISR below min.insync.replicas, "
+                            "a timeout) is tried again before the command fails; nothing of a "
+                            "failed attempt is visible (default 120000; 0: no retries)")
+    proto.add_argument("--retry-backoff-ms", type=int, default=None,
+                       help="the pause between two attempts (default 100)")
     raw = p.add_argument_group("raw mode (--log-dir) only")
     raw.add_argument("--message-format-version", type=int, default=None, choices=(0, 1, 2),
                      help="record format (magic) to write (default 2)")

@@ -6,12 +6,15 @@ every task's writes in one entry (``commit``), so the job becomes visible all at
 """
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from functools import partial
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..errors import InvalidRecordError, UnknownTopicOrPartitionError
+from ..errors import (FencedLeaderEpochError, InvalidConfigError, InvalidRecordError,
+                      KafkaLogError, UnknownTopicOrPartitionError)
 from ..errors import error_for
 from ..format import codecs
 from ..format.encode import (EncodedBatch, assign_log_append_time, assign_offsets,
@@ -100,19 +103,43 @@ def span(batches: Sequence[EncodedBatch]) -> int:
     return sum(b.last_offset - b.base_offset + 1 for b in batches)
 
 
+log = logging.getLogger(__name__)
+
+#: Kafka's producer defaults
+DEFAULT_DELIVERY_TIMEOUT_MS = 120_000
+DEFAULT_RETRY_BACKOFF_MS = 100
+
+
+def may_retry(exc: KafkaLogError) -> bool:
+    """A failed write unit worth another attempt: Kafka's retriable errors, and a unit an
+    election or expiry aborted (FENCED_LEADER_EPOCH, retriable in Kafka too)."""
+    return exc.retriable or isinstance(exc, FencedLeaderEpochError)
+
+
 class Producer:
     def __init__(self, cluster, *, transaction_timeout_ms: Optional[int] = None,
-                 acks=None, request_timeout_ms: Optional[int] = None, quota=None):
+                 acks=None, request_timeout_ms: Optional[int] = None, quota=None,
+                 delivery_timeout_ms: int = DEFAULT_DELIVERY_TIMEOUT_MS,
+                 retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS):
         """``acks``: Kafka's producer setting, ``all`` (default) or ``1`` (docs/protocol.md
         §1.3); ``request_timeout_ms``: how long an acks=all commit waits for the ISR.
         ``quota``: KIP-13 throttling, ``quota.produced(nbytes)`` waiting out the client's
         throttle time after a write is committed and before :meth:`send` returns (its
-        acknowledgement); ``coordinator.quota_client.QuotaClient``. None: not throttled."""
+        acknowledgement); ``coordinator.quota_client.QuotaClient``. None: not throttled.
+        ``delivery_timeout_ms`` / ``retry_backoff_ms``: Kafka's producer settings; a unit that
+        failed with a retriable error, and of which nothing became visible, is written again
+        until then (0: never retried)."""
         self.cluster = cluster
         self.quota = quota
         self.timeout_ms = transaction_timeout_ms or cluster.transaction_timeout_ms
         self.acks = parse_acks(acks)
         self.request_timeout_ms = request_timeout_ms
+        for name, value in (("delivery.timeout.ms", delivery_timeout_ms),
+                            ("retry.backoff.ms", retry_backoff_ms)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidConfigError(f"{name} must be an integer >= 0, got {value!r}")
+        self.delivery_timeout_ms = delivery_timeout_ms
+        self.retry_backoff_ms = retry_backoff_ms
 
     def encode(self, topic: str, records: Sequence[Record], *, compression=None,
                batch_records: int = 1000, state=None) -> List[EncodedBatch]:
@@ -254,6 +281,16 @@ class Producer:
         sync_checkpoints(cluster, state, sorted(written), written=written,
                          recovery_point=all_flushed(state, pending))
 
+    def _outcome(self, pending: PendingWrite) -> Optional[str]:
+        """``pending``'s txn as the log records it: "committed", "aborted", "open", or None
+        when the log cannot be read (the caller then raises rather than guess)."""
+        try:
+            state = self.cluster.state()
+        except KafkaLogError:
+            return None
+        return state.decided.get(pending.txn) or ("open" if pending.txn in state.txns
+                                                  else None)
+
     def abort(self, pending: Iterable[PendingWrite]) -> None:
         pending = list(pending)
         if pending:
@@ -322,9 +359,38 @@ class Producer:
 
     def send(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]], *, state=None
              ) -> Dict[TopicPartition, Tuple[int, int]]:
-        """Reserve, write and commit in one call; returns (first, last) offset per partition."""
-        pending = self.write(batches, state=state)
-        self.commit([pending])
+        """Reserve, write and commit in one call; returns (first, last) offset per partition.
+
+        A unit that fails with a retriable error is written again (new offsets, the same
+        records) every ``retry.backoff.ms`` until ``delivery.timeout.ms``, as Kafka's producer
+        retries: a failed unit was aborted, so nothing of it is visible and another attempt
+        duplicates nothing (docs/protocol.md §3). Where the failure leaves that in doubt (the
+        commit's entry may have landed and only its answer failed) the txn's recorded outcome
+        decides: committed is success, anything else is retried or raised."""
+        deadline = time.monotonic() + self.delivery_timeout_ms / 1000
+        attempt = 0
+        while True:
+            pending = None
+            try:
+                pending = self.write(batches, state=state)
+                self.commit([pending])
+                break
+            except KafkaLogError as exc:
+                if pending is not None:
+                    outcome = self._outcome(pending)
+                    if outcome == "committed":
+                        break          # the commit landed; only its answer failed
+                    if outcome is None:
+                        raise          # cannot tell: a retry might duplicate the unit
+                backoff = self.retry_backoff_ms / 1000
+                if not may_retry(exc) or time.monotonic() + backoff >= deadline:
+                    raise
+                attempt += 1
+                log.warning("produce: attempt %d failed with %s: %s; retrying in %d ms "
+                            "(delivery.timeout.ms %d)", attempt, exc.error_name, exc,
+                            self.retry_backoff_ms, self.delivery_timeout_ms)
+                time.sleep(backoff)
+                state = None    # what made it fail (an election, an ISR change) is news
         if self.quota is not None:
             self.quota.produced(sum(len(b.data) for bs in batches.values() for b in bs))
         return pending.offsets()

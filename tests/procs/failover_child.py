@@ -75,8 +75,10 @@ def producer(root, wid, seed, stop, topic):
         keys = [make_key(wid, call, j) for j in range(rng.randint(1, 6))]
         t0 = time.time()
         try:
+            # retried as Kafka's producer retries, but briefly: a failure is still reported,
+            # and the parent's stop file is seen soon
             md = admin.produce(topic, [Record(k, value_for(k), now_ms()) for k in keys],
-                               partition=p, acks="all")
+                               partition=p, acks="all", delivery_timeout_ms=3000)
         except Exception as exc:   # noqa: BLE001 - reported, the parent decides
             emit({"failed": [k.decode() for k in keys], "p": p, "error": type(exc).__name__,
                   "msg": str(exc)[:300], "t0": t0, "t1": time.time()})

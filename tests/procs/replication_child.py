@@ -121,6 +121,9 @@ def producer(root, wid, seed, acks, stop, *topics):
         ts = now_ms()
         options = {} if acks == "default" else {
             "acks": rng.choice(["all", "1"]) if acks == "mixed" else acks}
+        # retried as Kafka's producer retries, but briefly: a refusal is still reported, and
+        # the parent's stop file is seen soon
+        options["delivery_timeout_ms"] = 3000
         try:
             md = admin.produce(topic, [Record(k, value_for(k), ts) for k in keys], partition=p,
                                **options)
