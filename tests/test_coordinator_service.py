@@ -364,6 +364,7 @@ def test_the_example_coordinator_config_is_what_the_service_takes(cluster, tmp_p
                     "maintenance_config": SchedulerConfig(), "replication": True,
                     "replica_lag_time_max_ms": 30_000, "replica_fetch_wait_max_ms": 500,
                     "broker_session_timeout_ms": 9_000, "num_replica_fetchers": 4,
+                    "replica_verify_interval_ms": 1_000,
                     "quota_window_num": 11, "quota_window_size_s": 1,
                     "max_incremental_fetch_session_cache_slots": 1000}
     c = Coordinator(cluster, token=TOKEN, **opts)

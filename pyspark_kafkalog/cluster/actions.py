@@ -297,6 +297,19 @@ class ReplicaProgress(Action):
 
 
 @dataclass(frozen=True)
+class ReplicaLost(Action):
+    """Ranges ``held`` names that a follower's log dir was found not to hold (its files gone,
+    cut short or damaged): reader feature ``replicaCheck`` (docs/protocol.md §1.3). The
+    follower leaves the ISR at once and is copied to again; Kafka's follower learns the same
+    from its own log on its next fetch."""
+    OP: ClassVar[str] = "replica_lost"
+    coordinator_epoch: int = spec(check_int)
+    topic_ids: Dict[str, str] = spec(dict_of(check_str, check_str))
+    partitions: Dict[str, Dict[str, List[List[int]]]] = spec(
+        dict_of(check_tp_key, dict_of(check_str, list_of(check_span))))
+
+
+@dataclass(frozen=True)
 class AlterIsr(Action):
     """Kafka's AlterPartition: new in-sync and joining replicas per partition, each under its
     partition epoch; reader feature ``replication`` (docs/protocol.md §1.3)."""

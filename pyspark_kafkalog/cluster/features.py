@@ -32,6 +32,8 @@ CLIENT_QUOTAS = "clientQuotas"
 FLUSH_CONFIGS = "flushConfigs"
 #: merge_segments actions and the topic config segment.merge.lag.ms (§4.1)
 SEGMENT_MERGE = "segmentMerge"
+#: replica_lost actions: what a follower's files do not hold leaves held[r] and the ISR (§1.3)
+REPLICA_CHECK = "replicaCheck"
 
 #: name -> what it means; the features this client implements
 READER_FEATURES: Dict[str, str] = {
@@ -52,6 +54,8 @@ READER_FEATURES: Dict[str, str] = {
     SEGMENT_MERGE: "merge_segments actions and the topic config segment.merge.lag.ms: runs of "
                    "adjacent committed segments merged into one that replaces the first's files "
                    "and covers the others until they are deleted; readers step over them",
+    REPLICA_CHECK: "replica_lost actions: ranges a follower was recorded to hold but whose files "
+                   "are gone, cut short or damaged leave what it holds, and it leaves the ISR",
 }
 #: the topic configs a cluster stores only once a feature is on: an older client would fail to
 #: parse the topic's configs, or ignore what they ask of it (§2.3)

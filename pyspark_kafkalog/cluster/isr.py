@@ -135,6 +135,34 @@ def check_progress(ps: PartitionState, replicas: Sequence[str],
     return None
 
 
+def apply_lost(ps: PartitionState, ranges: Dict[str, list]) -> None:
+    """``replica_lost``: the ranges leave ``held[log dir]``, and a log dir that held any of them
+    at or above the log start offset leaves ``isr`` and ``joining`` (partition epoch + 1).
+    Ranges below the log start offset are gone everywhere (retention ran meanwhile): they
+    change nothing, so a check that raced a deletion never shrinks the ISR. The caller has
+    checked the ranges with :func:`check_progress`."""
+    rep = ps.replication
+    lo = ps.log_start_offset
+    held = dict(rep["held"])
+    isr, joining = list(rep["isr"]), list(rep["joining"])
+    changed = False
+    for log_dir, rs in ranges.items():
+        have = held.get(log_dir, [])
+        lost = [[max(s, lo), e] for s, e in merge_ranges(rs) if e > lo]
+        remaining = subtract_ranges(have, lost)
+        if remaining == have:
+            continue
+        held[log_dir] = remaining
+        if not remaining:
+            del held[log_dir]
+        if log_dir in isr or log_dir in joining:
+            isr = [r for r in isr if r != log_dir]
+            joining = [r for r in joining if r != log_dir]
+            changed = True
+    ps.replication = dict(rep, held=held, isr=isr, joining=joining,
+                          partition_epoch=rep["partition_epoch"] + (1 if changed else 0))
+
+
 def apply_progress(ps: PartitionState, ranges: Dict[str, list]) -> None:
     held = dict(ps.replication["held"])
     for log_dir, rs in ranges.items():
@@ -232,7 +260,12 @@ ELECTIONS = ("offline", "unclean", "reassign")
 
 
 def check_election(ps: PartitionState, replicas: Sequence[str], partition_epoch: int,
-                   leader: str, election: str, unclean_enabled: bool) -> Optional[tuple]:
+                   leader: str, election: str, unclean_enabled: bool,
+                   whole_reassign: bool = False) -> Optional[tuple]:
+    """Why an ``elect_leader`` may not apply to a partition, or None. ``whole_reassign`` (the
+    feature ``replicaCheck``): a ``"reassign"`` election's new leader must hold every committed
+    range when the entry is replayed, so that a commit landing between the coordinator's check
+    and its entry is never truncated by a move that no fault forced."""
     rep = ps.replication
     if partition_epoch != rep["partition_epoch"]:
         return ("INVALID_UPDATE_VERSION", f"partition epoch {partition_epoch} is not the "
@@ -249,6 +282,13 @@ def check_election(ps: PartitionState, replicas: Sequence[str], partition_epoch:
                                    or leader not in rep["isr"]):
         return ("ELIGIBLE_LEADERS_NOT_AVAILABLE", f"{leader} is not an in-sync target of a "
                 "reassignment in progress")
+    if election == "reassign" and whole_reassign:
+        lo = ps.log_start_offset
+        lacking = subtract_ranges(merge_ranges([[max(s, lo), e] for s, e, _ in ps.committed
+                                                if e > lo]), rep["held"].get(leader, []))
+        if lacking:
+            return ("ELIGIBLE_LEADERS_NOT_AVAILABLE", f"{leader} does not hold offsets "
+                    f"{lacking[0][0]} to {lacking[0][1] - 1} yet: the move waits for its copy")
     return None
 
 

@@ -111,7 +111,7 @@ def open_registered(name: str, info: dict, client_options: Mapping[str, object])
     """The storage of a registered log dir, after checking that its ``meta.properties`` has the
     registered directory id: a URL that names another place now (a disk not mounted, a bucket
     replaced) must not be written to as if it were this log dir."""
-    storage = open_storage(info["url"], **info["storage_options"],
+    storage = open_storage(info["url"], **info["storage_options"], create_root=False,
                            **client_storage_options(info["url"], client_options))
     found = (LogDir(storage).read_meta() or {}).get("directory.id")
     if found != info["directory_id"]:

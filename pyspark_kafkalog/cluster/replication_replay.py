@@ -9,7 +9,7 @@ from typing import Dict, Optional
 
 from . import actions as A
 from . import isr as R
-from .features import REPLICATION
+from .features import REPLICA_CHECK, REPLICATION
 from .partition_state import split_key, tp_key
 
 
@@ -63,7 +63,8 @@ class ReplicationReplay:
             if bad is None:
                 why = R.check_election(self.partitions[key], self.topics[topic]["replicas"][p],
                                        change["partition_epoch"], change["leader"], a.election,
-                                       self.topic_config(topic).unclean_leader_election)
+                                       self.topic_config(topic).unclean_leader_election,
+                                       whole_reassign=REPLICA_CHECK in self.reader_features)
                 bad = None if why is None else A.error(*why)
             if bad is not None:
                 out[key] = bad
@@ -92,6 +93,9 @@ class ReplicationReplay:
                                    f"id {a.topic_ids.get(topic)}")
                 continue
             why = R.check_reassign(ps, targets)
+            removed = self._removed_log_dir([targets]) if why is None else None
+            if removed is not None:
+                why = ("INVALID_REPLICA_ASSIGNMENT", f"{key}: {removed}")
             if why is not None:
                 out[key] = A.error(*why)
                 continue
@@ -158,6 +162,26 @@ class ReplicationReplay:
                 out[key] = bad
                 continue
             R.apply_progress(self._partition_w(key), ranges)
+            self._refresh_hw(key)
+            out[key] = A.Result()
+        return A.PartitionsResult(partitions=out)
+
+    def _replica_lost(self, a: A.ReplicaLost, ts: int) -> A.Result:
+        """Ranges a follower's files were found not to hold (§1.3): valid partitions apply."""
+        if REPLICA_CHECK not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"replica_lost needs the feature {REPLICA_CHECK}")
+        out: Dict[str, A.Result] = {}
+        for key, ranges in a.partitions.items():
+            topic, p = split_key(key)
+            bad = self._replicated(key, a.topic_ids)
+            if bad is None:
+                why = R.check_progress(self.partitions[key], self.topics[topic]["replicas"][p],
+                                       ranges)
+                bad = None if why is None else A.error("INVALID_REQUEST", why)
+            if bad is not None:
+                out[key] = bad
+                continue
+            R.apply_lost(self._partition_w(key), ranges)
             self._refresh_hw(key)
             out[key] = A.Result()
         return A.PartitionsResult(partitions=out)

@@ -25,24 +25,27 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..cluster import actions as A
-from ..cluster.features import REPLICATION
+from ..cluster.features import REPLICA_CHECK, REPLICATION
 from ..cluster.isr import replica_end
 from ..cluster.partition_state import tp_key
-from ..errors import FencedCoordinatorError, KafkaLogError
+from ..errors import FencedCoordinatorError, KafkaLogError, StorageNotFoundError
 from ..format import checkpoint as ckpt
 from ..cluster.checkpoints import sync_checkpoints
 from ..log.logdir import (LOG_START_CHECKPOINT, META_PROPERTIES, RECOVERY_POINT_CHECKPOINT,
                           REPLICATION_CHECKPOINT, LogDir)
-from ..log.partition import LEADER_EPOCH_FILE
+from ..log.partition import LEADER_EPOCH_FILE, PartitionLog
 from ..format.checkpoint import parse_meta_properties
 from ..log.segment import LOG_SUFFIX, segment_name
 from .copier import check_fetchers, copy_partition_metadata, copy_segments
 from .fetch_session import FetchSessionClient
+from .replica_check import ReplicaCheck, describe, lacking
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
 DEFAULT_BROKER_SESSION_TIMEOUT_MS = 9_000
+#: how often an in-sync follower's files are checked against ``held`` (§1.3, "Verification")
+DEFAULT_REPLICA_VERIFY_INTERVAL_MS = 1_000
 
 TP = Tuple[str, int]
 
@@ -63,6 +66,8 @@ class PassResult:
     reassigned: List[str] = field(default_factory=list)      # reassignments completed
     isr_shrinks: int = 0
     isr_expands: int = 0
+    #: tp key -> {log dir: ranges} that ``held`` named and the follower's files did not hold
+    lost: Dict[str, Dict[str, List[List[int]]]] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -82,12 +87,16 @@ class Replicator:
                  broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
                  enable: bool = True, clock_ms: Optional[Callable[[], int]] = None,
                  num_replica_fetchers: int = 4,
-                 fetch_session: Optional[FetchSessionClient] = None):
+                 fetch_session: Optional[FetchSessionClient] = None,
+                 replica_verify_interval_ms: int = DEFAULT_REPLICA_VERIFY_INTERVAL_MS):
         """``fetch_session``: the privileged ``FetchSessionClient`` to hold (None: none)."""
         self.cluster = cluster
         self.fetch_session = fetch_session
         #: segments of one follower copied at once (Kafka's ``num.replica.fetchers``)
         self.num_replica_fetchers = check_fetchers(num_replica_fetchers)
+        self.check = ReplicaCheck(cluster.storage)
+        self.replica_verify_interval_ms = replica_verify_interval_ms
+        self._verified_at: Dict[Tuple[str, str], int] = {}   # (tp key, log dir) -> ms
         self.epoch = epoch
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.broker_session_timeout_ms = broker_session_timeout_ms
@@ -144,6 +153,7 @@ class Replicator:
             self._clock_epoch = epoch
         result = PassResult()
         offline = self._probe(state, now)
+        state = self._verify(epoch, state, now, offline, result)
         state = self._elect(epoch, state, offline, result)
         lso_seen: Dict[str, int] = {}
         topic_ids: Dict[str, str] = {}
@@ -180,6 +190,58 @@ class Replicator:
         self._write_derived(after, offline)
         return result
 
+    def _verify(self, epoch: int, state, now: int, unreadable: set, result: PassResult):
+        """Check what ``held`` says each readable follower holds against its files (§1.3,
+        "Verification"): an ISR or joining member every ``replica.verify.interval.ms``, and
+        every pass a follower outside them (before it may join) and every follower of a
+        partition whose leader is offline (before an election may pick it). What is found
+        missing goes into one ``replica_lost``: it leaves ``held``, the follower leaves the ISR,
+        and this pass copies it again."""
+        lost: Dict[str, Dict[str, List[List[int]]]] = {}
+        topic_ids: Dict[str, str] = {}
+        followed = []
+        was_in_isr = 0
+        for topic, info, p, replicas, key, ps in _replicated(state):
+            rep = ps.replication
+            leaderless = rep["leader"] in self._offline
+            members = rep["isr"] + rep["joining"]
+            for r, held in rep["held"].items():
+                if r == rep["leader"] or r in unreadable or not held:
+                    continue
+                d = self.cluster.partition_dir(topic, p, r, state)
+                followed.append(d)
+                due = now - self._verified_at.get((key, r), -(1 << 62)) \
+                    >= self.replica_verify_interval_ms
+                if not (due or leaderless or r not in members):
+                    continue
+                try:
+                    coverage = self.check.coverage(d, info["topic_id"])
+                except KafkaLogError as exc:    # not listed: nothing is concluded
+                    result.failures[f"{key} {r}"] = f"checking its files: {exc}"
+                    continue
+                self._verified_at[(key, r)] = now
+                short = lacking(ps, held, coverage)
+                if short:
+                    log.warning("replication: %s on %s lacks %s that it was recorded to hold "
+                                "(files gone, cut short or damaged); it leaves the ISR and is "
+                                "copied to again", key, r, describe(short))
+                    lost.setdefault(key, {})[r] = short
+                    topic_ids[topic] = info["topic_id"]
+                    was_in_isr += r in members
+        self.check.forget_except(followed)
+        if not lost:
+            return state
+        if REPLICA_CHECK not in state.reader_features:
+            self.cluster.enable_feature(REPLICA_CHECK)
+        after = self._submit(A.ReplicaLost(coordinator_epoch=epoch, topic_ids=topic_ids,
+                                           partitions=lost), result)
+        result.lost = lost
+        result.isr_shrinks += was_in_isr
+        for key, by in lost.items():
+            for r in by:
+                self._caught_up.pop((key, r), None)    # caught up again only by a copy
+        return after
+
     def _reassign(self, epoch: int, state, result: PassResult):
         """Reassignments whose targets are all in sync: move the leader to a target that holds
         everything committed (``elect_leader`` of kind ``reassign``), then complete them and
@@ -201,6 +263,10 @@ class Replicator:
             if ready:   # one that holds it all, so that the move truncates nothing
                 moves[key] = {"partition_epoch": rep["partition_epoch"], "leader": ready[0]}
         if moves:
+            if REPLICA_CHECK not in state.reader_features:
+                # its rule makes the move atomic: replay refuses a target that lacks a commit
+                # made after this pass's check, instead of truncating it (§1.3)
+                self.cluster.enable_feature(REPLICA_CHECK)
             state = self._submit(A.ElectLeader(coordinator_epoch=epoch, topic_ids=topic_ids,
                                                election="reassign", partitions=moves), result)
             result.elections["reassign"] = result.elections.get("reassign", 0) + len(moves)
@@ -326,9 +392,16 @@ class Replicator:
         for kind, parts in by_kind.items():
             if parts:
                 log.warning("replication: %s leader election for %s", kind, parts)
+                before = {k: len(state.partitions[k].replication["isr"]) for k in parts}
                 state = self._submit(A.ElectLeader(coordinator_epoch=epoch, topic_ids=topic_ids,
                                                    election=kind, partitions=parts), result)
                 result.elections[kind] = result.elections.get(kind, 0) + len(parts)
+                # the offline leader leaves the ISR with its election (more with an unclean
+                # one): Kafka counts those as shrinks too
+                result.isr_shrinks += sum(
+                    max(0, n - len(state.partitions[k].replication["isr"]))
+                    for k, n in before.items() if state.partitions.get(k) is not None
+                    and state.partitions[k].replication is not None)
         return state
 
     def _start_clocks(self, state, now: int) -> None:
@@ -371,7 +444,7 @@ class Replicator:
             copied: List[List[int]] = []
             try:
                 if todo:
-                    copy_partition_metadata(storage, src_dir, storage, dst_dir)
+                    self._copy_partition_metadata(state, topic, src_dir, dst_dir)
                 done, error = copy_segments(
                     storage, src_dir, storage, dst_dir,
                     [(base, span[1], not is_open) for base, span, is_open in todo],
@@ -392,6 +465,19 @@ class Replicator:
             copied = [c for c in copied if c[0] < c[1]]
             if copied:
                 result.progress.setdefault(key, {})[r] = copied
+
+    def _copy_partition_metadata(self, state, topic: str, src_dir: str, dst_dir: str) -> None:
+        """The follower's ``partition.metadata`` from the leader's. A leader elected while its
+        partition held no data never got one (followers get it with their first copy): it is
+        written from the state's topic id first, so the partition replicates again."""
+        storage = self.cluster.storage
+        try:
+            copy_partition_metadata(storage, src_dir, storage, dst_dir)
+        except StorageNotFoundError:
+            log.info("replication: %s has no partition.metadata; writing it", src_dir)
+            PartitionLog(storage, src_dir).write_partition_metadata(
+                state.topics[topic]["topic_id"])
+            copy_partition_metadata(storage, src_dir, storage, dst_dir)
 
     def _submit(self, action, result: PassResult):
         _, after, results = self.cluster.submit([action])
@@ -419,7 +505,10 @@ class Replicator:
             for r in replicas:
                 if r == leader:
                     continue
-                fresh = now - self._caught_up.get((key, r), -(1 << 62)) <= lag
+                # a log dir known offline is not waited for (Kafka shrinks the ISR as soon as
+                # a broker is fenced); one merely unreadable for now still gets the lag time
+                fresh = now - self._caught_up.get((key, r), -(1 << 62)) <= lag \
+                    and r not in self._offline
                 if r in isr or r in joining:
                     if not fresh:
                         (isr if r in isr else joining).remove(r)

@@ -132,6 +132,7 @@ class Coordinator:
                  replica_fetch_wait_max_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MAX_MS,
                  broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
                  num_replica_fetchers: int = 4,
+                 replica_verify_interval_ms: int = DEFAULT_REPLICA_VERIFY_INTERVAL_MS,
                  quota_producer_default: Optional[float] = None,
                  quota_consumer_default: Optional[float] = None,
                  quota_window_num: int = DEFAULT_WINDOW_NUM,
@@ -157,7 +158,8 @@ class Coordinator:
             raise InvalidConfigError(f"tick_interval_ms must be >= 1, got {tick_interval_ms}")
         for name, value in (("replica.lag.time.max.ms", replica_lag_time_max_ms),
                             ("replica.fetch.wait.max.ms", replica_fetch_wait_max_ms),
-                            ("broker.session.timeout.ms", broker_session_timeout_ms)):
+                            ("broker.session.timeout.ms", broker_session_timeout_ms),
+                            ("replica.verify.interval.ms", replica_verify_interval_ms)):
             if not isinstance(value, int) or value < 1:
                 raise InvalidConfigError(f"{name} must be an integer >= 1, got {value!r}")
         for name, value in (("max.incremental.fetch.session.cache.slots",
@@ -194,7 +196,8 @@ class Coordinator:
                                          replica_lag_time_max_ms=replica_lag_time_max_ms,
                                          broker_session_timeout_ms=broker_session_timeout_ms,
                                          num_replica_fetchers=num_replica_fetchers,
-                                         fetch_session=self.fetch_sessions.replica_session())
+                                         fetch_session=self.fetch_sessions.replica_session(),
+                                         replica_verify_interval_ms=replica_verify_interval_ms)
         self.replica_fetch_wait_max_ms = replica_fetch_wait_max_ms
         self.metrics = CoordinatorMetrics()
         self.metrics.watch_replication(lambda: replication_summary(cluster.state()))

@@ -310,6 +310,23 @@ class LogSegment:
             last = header
         return self.base_offset if last is None else last.last_offset + 1
 
+    def verified_end(self) -> int:
+        """The offset after the last entry, found from the last index entry, with that entry's
+        CRC checked and a partial entry at the end counted as damage: what a replica check
+        trusts a copy to hold (each batch before it was checked when the copy was made).
+        Raises ``CorruptRecordError`` where the tail is damaged or cut short."""
+        last = None
+        was, self.sealed = self.sealed, True
+        try:
+            for header, body in self._walk_from_entry(self._last_entry(), with_body=True):
+                last = (header, body)
+        finally:
+            self.sealed = was
+        if last is None:
+            return self.base_offset
+        validate(last[1], last[0], last[0].position, self.log_path)
+        return last[0].last_offset + 1
+
     def largest_timestamp(self) -> int:
         """Max timestamp of the segment: the time index's last entry, or the tail's batches.
 

@@ -31,6 +31,8 @@ def open_storage(url: str, **storage_options) -> Storage:
     if not isinstance(url, str) or not url:
         raise InvalidConfigError(f"storage url must be a non-empty str, got {url!r}")
     fsync = storage_options.pop("fsync", True)
+    # False: a root that is missing is not made (a registered log dir's; local storage only)
+    create_root = storage_options.pop("create_root", True)
     direct_io = storage_options.pop("direct_io", None)
     direct_io = None if direct_io is None else _flag("direct_io", direct_io)
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
@@ -41,7 +43,8 @@ def open_storage(url: str, **storage_options) -> Storage:
         path = _local_path(url, scheme)
         if storage_options:
             raise InvalidConfigError(f"unknown options for local storage: {sorted(storage_options)}")
-        return LocalStorage(path, fsync=fsync, direct_io=direct_io is not False)
+        return LocalStorage(path, fsync=fsync, direct_io=direct_io is not False,
+                            create_root=create_root)
 
     rest = url.split("://", 1)[1].strip("/")
     if scheme == "memory":

@@ -9,6 +9,7 @@ import errno
 import logging
 import os
 import shutil
+import stat
 import threading
 from typing import List, Optional
 
@@ -125,7 +126,9 @@ class LocalStorage(Storage):
     """
 
     def __init__(self, root: str, *, fsync: bool = True, direct_io: bool = True,
-                 kernel_copy: Optional[bool] = None):
+                 kernel_copy: Optional[bool] = None, create_root: bool = True):
+        """``create_root``: make the root if it is missing (False for a registered log dir,
+        whose root must be there already: see :meth:`ensure_dir`)."""
         self._root = os.path.abspath(os.path.expanduser(root))
         self._fsync = bool(fsync)
         self._direct = bool(direct_io) and hasattr(os, "O_DIRECT")
@@ -135,8 +138,9 @@ class LocalStorage(Storage):
         self._mappable: Optional[bool] = None   # map(): decided on first use
         self._batch = threading.local()          # .current: the SyncBatch of this thread
         self.url = "file://" + self._root
-        with storage_errors("create root", self.url):
-            os.makedirs(self._root, exist_ok=True)
+        if create_root:
+            with storage_errors("create root", self.url):
+                os.makedirs(self._root, exist_ok=True)
 
     @property
     def root(self) -> str:
@@ -336,7 +340,7 @@ class LocalStorage(Storage):
     def _write_temp(self, target: str, data: bytes, sync: bool = True) -> str:
         """A new, complete, synced temp file beside ``target``; returns its path."""
         directory, name = os.path.split(target)
-        ensure_dir(directory)
+        self.ensure_dir(directory)
         if self._direct and isinstance(data, list):
             tmp = self._write_temp_direct(directory, name, data, sync)
             if tmp is not None:
@@ -446,7 +450,7 @@ class LocalStorage(Storage):
         done: List[str] = []
         own: List[str] = []   # created here, not by create_if_absent (which syncs its own)
         with storage_errors("create", self._where(dir_path)):
-            ensure_dir(directory)
+            self.ensure_dir(directory)
             dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
             try:
                 deferred = not self._sync_now()   # inside a SyncBatch job
@@ -527,7 +531,7 @@ class LocalStorage(Storage):
     def _create_exclusive(self, full: str, data: bytes) -> None:
         """Create ``full`` with O_EXCL and write it; inside a SyncBatch job it is synced with
         the batch, else now."""
-        ensure_dir(os.path.dirname(full))
+        self.ensure_dir(os.path.dirname(full))
         fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         deferred = not self._sync_now()
         try:
@@ -587,7 +591,7 @@ class LocalStorage(Storage):
                 if not replace and os.path.lexists(full):  # early out; the link decides
                     raise AlreadyExistsError(f"create {where}: already exists")
                 directory, name = os.path.split(full)
-                ensure_dir(directory)
+                self.ensure_dir(directory)
                 tmp = os.path.join(directory, temp_name_for(name))
                 deferred = not self._sync_now()   # inside a SyncBatch job
                 self._copy_into(sfd, tmp, size, src._where(src_path), not deferred)
@@ -675,7 +679,7 @@ class LocalStorage(Storage):
         full = self._abs(path)
         with storage_errors("append", self._where(path)):
             directory = os.path.dirname(full)
-            ensure_dir(directory)
+            self.ensure_dir(directory)
             created = not os.path.exists(full)
             fd = os.open(full, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
@@ -741,7 +745,24 @@ class LocalStorage(Storage):
 
     def makedirs(self, dir_path: str) -> None:
         with storage_errors("makedirs", self._where(dir_path)):
-            ensure_dir(self._abs(dir_path, allow_root=True))
+            self.ensure_dir(self._abs(dir_path, allow_root=True))
+
+    def ensure_dir(self, directory: str) -> None:
+        """``directory`` (an absolute path below the root) exists, created if need be, but
+        never the root itself: the root is made once, when this storage is opened. A root moved
+        away, unmounted or deleted since must not come back empty at the same path and take
+        writes that no other process sees there (docs/protocol.md §1.1): that is an offline
+        log dir, and an error here."""
+        try:
+            if stat.S_ISDIR(os.stat(directory).st_mode):
+                return
+        except FileNotFoundError:
+            pass
+        if not os.path.isdir(self._root):
+            raise KafkaStorageError(f"{self.url}: the storage root is gone (moved, unmounted or "
+                                    "deleted); nothing is written there, and it is not created "
+                                    "again")
+        ensure_dir(directory)
 
 
 

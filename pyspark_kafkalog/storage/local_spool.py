@@ -32,8 +32,8 @@ from typing import Sequence, Tuple
 
 from ..errors import AlreadyExistsError
 from .base import storage_errors, temp_name_for
-from .posix_io import (DIRECT_ALIGN as _ALIGN, DIRECT_CHUNK, NO_LINK_ERRNOS, ensure_dir,
-                       staging_buffer, unlink_quietly, writev_all)
+from .posix_io import (DIRECT_ALIGN as _ALIGN, DIRECT_CHUNK, NO_LINK_ERRNOS, staging_buffer,
+                       unlink_quietly, writev_all)
 
 
 class LocalSpool:
@@ -43,7 +43,7 @@ class LocalSpool:
     def __init__(self, storage, directory: str, hint: str):
         self._storage = storage
         self._dir = directory
-        ensure_dir(directory)
+        storage.ensure_dir(directory)
         self._tmp = os.path.join(directory, temp_name_for(hint))
         os.close(os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         self.size = 0               # bytes appended
