@@ -292,6 +292,47 @@ def test_a_coordinator_whose_renewals_fail_stops_acting_once_its_lease_lapses(
     assert summary["lease_renewal_failures"] >= 1 and summary["fenced"] == 1
 
 
+class PausedLeases(BrokenRenewals):
+    """The real lease, with the process's clock jumped ahead as after a SIGSTOP and SIGCONT
+    (``skew_ms``), and its renewals held back (``renewals`` cleared) as if the lease thread had
+    not run yet since."""
+
+    def __init__(self, cluster):
+        super().__init__(cluster)
+        self.skew_ms = 0
+        import threading
+        self.renewals = threading.Event()
+        self.renewals.set()
+
+    def now_ms(self):
+        return self.cluster.now_ms() + self.skew_ms
+
+    def renew(self, lease):
+        self.renewals.wait(DEADLINE_S)
+        return super().renew(lease)
+
+
+def test_a_coordinator_resumed_past_its_lease_acts_no_more_until_it_renews(cluster,
+                                                                           coordinators):
+    """A tester's SIGSTOP: the resumed coordinator ran retention and cleanup before it noticed
+    it had been fenced (3 of 3 episodes). Acting now needs an unexpired lease by the clock."""
+    leases = PausedLeases(cluster)
+    runs = []
+    c = coordinators(cluster, leases=leases, ticks=[lambda now: runs.append(now)],
+                     tick_interval_ms=20)
+    eventually(lambda: len(runs) >= 2, "maintenance ticks")
+    leases.renewals.clear()
+    leases.skew_ms = 10 * LEASE_MS                     # resumed long after its lease expired
+    time.sleep(0.1)
+    n = len(runs)
+    time.sleep(0.3)
+    assert len(runs) == n, "a coordinator whose lease had expired ran maintenance"
+    assert c.replicator is None or c.replicator.epoch() is None
+    leases.skew_ms = 0
+    leases.renewals.set()                              # its lease loop runs again and renews
+    eventually(lambda: len(runs) > n, "maintenance again once renewed")
+
+
 def test_a_coordinator_stopped_mid_acquire_hands_the_lease_back(cluster):
     c = Coordinator(cluster, token=TOKEN, lease_ms=LEASE_MS).start()
     c.stop()

@@ -259,14 +259,30 @@ def test_a_long_lived_producer_never_writes_into_a_root_created_again(tmp_path):
     produce(admin, 1, partition=p)                       # this process has the root open
     second, away = tmp_path / "second", tmp_path / "second-away"
     second.rename(away)
-    with pytest.raises(KafkaStorageError, match="root is gone"):
-        produce(admin, 1, 1, partition=p)
+    with pytest.raises(KafkaStorageError, match="root is gone"):      # (no retries here)
+        produce(admin, 1, 1, partition=p, delivery_timeout_ms=0)
     assert not second.exists()
     fresh = Admin(str(tmp_path / "root"), fsync=False)  # a new process: it opens the log dir
     with pytest.raises(KafkaStorageError, match="directory.id"):
-        fresh.produce("t", [(b"k", b"v")], partition=p, acks="1")
+        fresh.produce("t", [(b"k", b"v")], partition=p, acks="1", delivery_timeout_ms=0)
     assert not second.exists()
     away.rename(second)
     produce(admin, 1, 2, partition=p)                    # back: writes go on
     assert [r.value for r in admin.consume("t", p, isolation_level="read_uncommitted")] == \
         [b"v0", b"v2"]
+
+
+def test_a_log_dir_under_the_clusters_root_is_not_created_again_either(tmp_path):
+    """Found by tests/test_nemesis.py: acks=1 writes to a partition led on logdir-0 were
+    acknowledged into a new ``root/logdir-0/`` while the real one was moved away."""
+    admin, rep, clock = setup(tmp_path, partitions=2)
+    replicas = admin.cluster.state().topics["t"]["replicas"]
+    p = next(i for i, r in enumerate(replicas) if r[0] == "logdir-0")
+    produce(admin, 1, partition=p)
+    logdir0, away = tmp_path / "root" / "logdir-0", tmp_path / "logdir-0-away"
+    logdir0.rename(away)
+    with pytest.raises(KafkaStorageError, match="log dir's root is gone"):
+        produce(admin, 1, 1, partition=p, delivery_timeout_ms=0)
+    assert not logdir0.exists()
+    away.rename(logdir0)
+    produce(admin, 1, 2, partition=p)

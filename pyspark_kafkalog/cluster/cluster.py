@@ -109,6 +109,7 @@ class Cluster:
         #: the log dirs under the root (``cluster.json``); :attr:`logdirs` adds registered ones
         self.root_logdirs: List[str] = list(self.meta["logdirs"])
         self.storage.set_local(self.root_logdirs)
+        self.storage.keep_roots(self.root_logdirs)     # never created again once made (§1.1)
         #: draws Kafka's random start index and shift of replica placement (§1.2); seed it for
         #: a placement that repeats
         self.placement_random = random.Random()

@@ -455,7 +455,18 @@ class Coordinator:
         return self.leases.now_ms() / 1000
 
     def _may_act(self) -> bool:
-        return self._lease is not None and not self._stop.is_set()
+        """Whether this process may act now: it holds a lease that has not expired by the
+        storage's clock. The expiry matters, not only the epoch: a process paused past its
+        lease (SIGSTOP, a stalled VM, a long GC) may have been replaced without knowing it yet,
+        and must not run retention or cleanup, or copy, before its lease loop renews (or finds
+        itself fenced). Checked before every job and every pass."""
+        lease = self._lease
+        if lease is None or self._stop.is_set():
+            return False
+        try:
+            return self.leases.now_ms() < lease.expires_ms
+        except KafkaLogError:    # no clock to judge by: do not act
+            return False
 
     def maintenance_intervals(self) -> Optional[dict]:
         """{kind: interval_ms} of the scheduled jobs that run; None when maintenance is off."""

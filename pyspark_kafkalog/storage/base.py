@@ -399,6 +399,11 @@ class Storage(abc.ABC):
     def makedirs(self, dir_path: str) -> None:
         """Ensure a directory exists where the backend has directories (a no-op on object stores)."""
 
+    def keep_roots(self, names: Iterable[str]) -> None:
+        """The first-level directories ``names`` are roots of their own (log dirs): from now on
+        no write creates one of them again. One that is gone (moved away, unmounted) fails the
+        write instead of coming back empty. Where there are no directories this does nothing."""
+
     # -- maintenance ----------------------------------------------------------------------------
 
     def clock(self, dir_path: str = "") -> float:

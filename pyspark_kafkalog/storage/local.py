@@ -138,6 +138,7 @@ class LocalStorage(Storage):
         self._mappable: Optional[bool] = None   # map(): decided on first use
         self._batch = threading.local()          # .current: the SyncBatch of this thread
         self.url = "file://" + self._root
+        self._kept: List[str] = []              # keep_roots, as absolute paths
         if create_root:
             with storage_errors("create root", self.url):
                 os.makedirs(self._root, exist_ok=True)
@@ -762,7 +763,16 @@ class LocalStorage(Storage):
             raise KafkaStorageError(f"{self.url}: the storage root is gone (moved, unmounted or "
                                     "deleted); nothing is written there, and it is not created "
                                     "again")
+        for kept in self._kept:
+            if (directory == kept or directory.startswith(kept + os.sep)) \
+                    and not os.path.isdir(kept):
+                raise KafkaStorageError(f"file://{kept}: the log dir's root is gone (moved, "
+                                        "unmounted or deleted); nothing is written there, and "
+                                        "it is not created again")
         ensure_dir(directory)
+
+    def keep_roots(self, names) -> None:
+        self._kept = [os.path.join(self._root, n) for n in names]
 
 
 

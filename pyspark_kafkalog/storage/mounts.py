@@ -42,6 +42,9 @@ class MountedStorage(Storage):
     def set_local(self, names: Iterable[str]) -> None:
         self._local = set(names)
 
+    def keep_roots(self, names: Iterable[str]) -> None:
+        self.base.keep_roots(names)
+
     def mounted(self, name: str) -> Optional[Storage]:
         """The storage of the log dir ``name`` if it lives elsewhere (resolving it), else None."""
         m = self._mounts.get(name)
