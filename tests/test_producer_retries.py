@@ -113,3 +113,33 @@ def test_acks_all_below_min_isr_waits_for_the_isr_to_come_back(tmp_path):
         stop.set()
         t.join()
     assert [r.value for r in admin.consume("t")] == [b"v0", b"v1", b"v2"] * 2
+
+
+def test_a_spark_tasks_write_is_retried_and_its_options_parse(admin, monkeypatch):
+    """A Spark task reserves and writes; its job commits. The task's part is retried (Spark's
+    Kafka sink's producer retries too); the options are Kafka's names."""
+    from pyspark_kafkalog.errors import InvalidConfigError
+    from pyspark_kafkalog.spark.write_options import WriteOptions
+    opts = WriteOptions.parse({"topic": "t", "path": "x", "kafka.delivery.timeout.ms": "5000",
+                               "retry.backoff.ms": "7"})
+    assert (opts.delivery_timeout_ms, opts.retry_backoff_ms) == (5000, 7)
+    assert WriteOptions.parse({"topic": "t", "path": "x"}).delivery_timeout_ms == 120_000
+    with pytest.raises(InvalidConfigError, match="delivery.timeout.ms"):
+        WriteOptions.parse({"topic": "t", "path": "x", "delivery.timeout.ms": "-1"})
+    producer = Producer(admin.cluster, retry_backoff_ms=1)
+    real = Producer.write
+    fails = [KafkaStorageError("the root was away for a moment")]
+
+    def flaky(self, batches, spools=None, **kw):
+        if fails:
+            raise fails.pop()
+        return real(self, batches, spools, **kw)
+
+    monkeypatch.setattr(Producer, "write", flaky)
+    batches = {("t", 0): producer.encode("t", RECORDS)}
+    pending = producer.write_retrying(batches)
+    producer.commit([pending])
+    assert values(admin) == [b"v0", b"v1", b"v2"]
+    fails.append(RecordTooLargeError("not retriable"))
+    with pytest.raises(RecordTooLargeError):
+        producer.write_retrying(batches)

@@ -207,7 +207,10 @@ class TaskWriter:
         cluster.metalog.writer_id = producer
         self.job = producer
         self.producer = Producer(cluster, transaction_timeout_ms=options.transaction_timeout_ms,
-                                 acks=getattr(options, "acks", None))
+                                 acks=getattr(options, "acks", None),
+                                 delivery_timeout_ms=getattr(options, "delivery_timeout_ms",
+                                                             120_000),
+                                 retry_backoff_ms=getattr(options, "retry_backoff_ms", 100))
         self.clock = clock
         self.rng = random.Random(seed if seed is not None else uuid.uuid4().int)
         self.state = cluster.state()
@@ -379,7 +382,7 @@ class TaskWriter:
                 # them the plain way, which fails on its own if the storage really is at fault
                 self._drop_spools()
                 spools = {}
-            pending = self.producer.write(batches, spools=spools)
+            pending = self.producer.write_retrying(batches, spools=spools)
         finally:
             self._drop_spools()
         self.pending.append(pending)

@@ -247,6 +247,27 @@ class Producer:
                 spool.discard()
         return pending
 
+    def write_retrying(self, batches: Mapping[TopicPartition, Sequence[EncodedBatch]],
+                       spools: Optional[Mapping[TopicPartition, "SegmentSpool"]] = None
+                       ) -> PendingWrite:
+        """:meth:`write`, written again after a retriable error until ``delivery.timeout.ms``
+        (a Spark task's reserve-and-write; its job commits). A failed write was aborted, so
+        nothing of it is visible; the spools are used by the first attempt only."""
+        deadline = time.monotonic() + self.delivery_timeout_ms / 1000
+        attempt = 0
+        while True:
+            try:
+                return self.write(batches, spools)
+            except KafkaLogError as exc:
+                backoff = self.retry_backoff_ms / 1000
+                if not may_retry(exc) or time.monotonic() + backoff >= deadline:
+                    raise
+                attempt += 1
+                log.warning("write: attempt %d failed with %s: %s; retrying in %d ms",
+                            attempt, exc.error_name, exc, self.retry_backoff_ms)
+                time.sleep(backoff)
+                spools = None           # discarded by the failed attempt
+
     def _write_partition(self, pending: PendingWrite, key: str, dir_path: str,
                          stamped: List[EncodedBatch], config,
                          spool: Optional[SegmentSpool]) -> None:

@@ -41,6 +41,13 @@ option                           default                    meaning
 ``request.timeout.ms`` (or       30000                      how long the job's commit waits for the
 ``kafka.request.timeout.ms``)                               ISR (acks=all), then fails (nothing of
                                                             it becomes visible)
+``delivery.timeout.ms`` (or      120000                     how long a task writes its data again
+``kafka.delivery.timeout.ms``)                              after a retriable error (the ISR below
+                                                            min.insync.replicas, storage briefly
+                                                            away), as Kafka's producer does; 0: the
+                                                            task fails at once (Spark retries it)
+``retry.backoff.ms`` (or         100                        the pause between a task's attempts
+``kafka.retry.backoff.ms``)
 ``kafka.client.id``              the empty client id        Kafka's ``client.id``: whose produce
                                                             quota (KIP-13) the tasks count against,
                                                             across every job that uses it; the
@@ -118,7 +125,9 @@ _NAMES = ("path", "topic", "compression.type", "compression.gzip.level",
           "batch.size", "batch.records", "buffer.memory", "createTopic", "topic.partitions",
           "topic.replication.factor", "transaction.timeout.ms", "kafkalog.principal",
           "kafkalog.snapshot.interval", "acks", "request.timeout.ms", "kafka.acks",
-          "kafka.request.timeout.ms", "kafka.client.id", "coordinator.tokenFile", "maxTasks")
+          "kafka.request.timeout.ms", "kafka.client.id", "coordinator.tokenFile", "maxTasks",
+          "delivery.timeout.ms", "kafka.delivery.timeout.ms", "retry.backoff.ms",
+          "kafka.retry.backoff.ms")
 _KNOWN = {name.lower() for name in _NAMES}
 _DISPLAY = {name.lower(): name for name in _NAMES}
 _LEVELS = {codecs.GZIP: "compression.gzip.level", codecs.LZ4: "compression.lz4.level",
@@ -163,12 +172,12 @@ _KAFKA_REJECTED = {
 # accepted under kafka.* and ignored (a job's commit is durable and exactly-once by itself)
 _KAFKA_NO_OPS = frozenset("""
 auto.include.jmx.reporter client.dns.lookup client.id connections.max.idle.ms
-delivery.timeout.ms enable.idempotence enable.metrics.push linger.ms max.block.ms
+enable.idempotence enable.metrics.push linger.ms max.block.ms
 max.in.flight.requests.per.connection metadata.max.age.ms metadata.max.idle.ms
 metadata.recovery.strategy metric.reporters metrics.num.samples metrics.recording.level
 metrics.sample.window.ms partitioner.adaptive.partitioning.enable
 partitioner.availability.timeout.ms receive.buffer.bytes reconnect.backoff.max.ms
-reconnect.backoff.ms retries retry.backoff.max.ms retry.backoff.ms
+reconnect.backoff.ms retries retry.backoff.max.ms
 security.protocol security.providers send.buffer.bytes socket.connection.setup.timeout.max.ms
 socket.connection.setup.timeout.ms
 """.split())
@@ -220,6 +229,8 @@ class WriteOptions:
     storage_options: Dict[str, str] = field(default_factory=dict)
     acks: str = "all"
     request_timeout_ms: int = 30_000
+    delivery_timeout_ms: int = 120_000
+    retry_backoff_ms: int = 100
     #: KIP-13: whose produce quota the tasks count against (None: the empty client id)
     client_id: Optional[str] = None
     coordinator_token_file: Optional[str] = None
@@ -299,6 +310,11 @@ class WriteOptions:
                    acks=parse_acks(opts.get("acks", opts.get("kafka.acks"))),
                    request_timeout_ms=_int(opts, "request.timeout.ms",
                                            _int(opts, "kafka.request.timeout.ms", 30_000)),
+                   delivery_timeout_ms=_int(opts, "delivery.timeout.ms",
+                                            _int(opts, "kafka.delivery.timeout.ms", 120_000, 0),
+                                            0),
+                   retry_backoff_ms=_int(opts, "retry.backoff.ms",
+                                         _int(opts, "kafka.retry.backoff.ms", 100, 0), 0),
                    client_id=client_id, coordinator_token_file=token_file)
 
     def cluster_kwargs(self) -> dict:
