@@ -35,6 +35,7 @@ from pyspark_kafkalog.errors import (InvalidConfigError, InvalidReplicaAssignmen
                                      OfflineLogDirError, UnknownTopicOrPartitionError,
                                      UnsupportedVersionError)
 from pyspark_kafkalog.format.records import Record
+from test_offline_log_dir import Unmounted   # the second root away, a mount point left
 
 
 def entries(root: Path):
@@ -268,22 +269,6 @@ def test_a_reassignment_in_progress_is_refused_without_an_entry(two_roots, tmp_p
 
 # -- 3. log-dirs --describe with a log dir offline ------------------------------------------------
 
-class Unmounted:
-    """A root moved away, an empty mount point in its place (tests/test_offline_log_dir.py)."""
-
-    def __init__(self, where: Path):
-        self.where, self.moved = where, where.with_name(where.name + ".moved")
-
-    def __enter__(self):
-        self.where.rename(self.moved)
-        self.where.mkdir()
-        return self
-
-    def __exit__(self, *exc):
-        self.where.rmdir()
-        self.moved.rename(self.where)
-
-
 def test_describe_lists_an_offline_log_dir_and_the_others(two_roots, tmp_path):
     admin, root = two_roots
     admin.cluster.placement_random = random.Random(seed_with_start(2, 1))
@@ -292,7 +277,7 @@ def test_describe_lists_an_offline_log_dir_and_the_others(two_roots, tmp_path):
     admin.produce("r", [Record(b"k", b"near")], partition=1)
     leaders = {p.partition: p.leader for p in admin.describe_topic("r").partitions}
     assert leaders == {0: "logdir-1", 1: "logdir-0"}
-    with Unmounted(tmp_path / "second") as second:
+    with Unmounted(tmp_path) as second:
         before = digests(second.moved)
         rc, out, err = run_cli("--cluster", root, "--json", "log-dirs", "--describe")
         one_line_error(rc, err, 1, "OfflineLogDirError", "logdir-1", "directory.id")
@@ -317,7 +302,7 @@ def test_describe_lists_an_offline_log_dir_and_the_others(two_roots, tmp_path):
 
 def test_describe_lists_an_offline_log_dir_without_replicas(two_roots, tmp_path):
     admin, root = two_roots
-    with Unmounted(tmp_path / "second"):
+    with Unmounted(tmp_path):
         rc, out, err = run_main("--cluster", root, "--json", "log-dirs", "--describe")
         assert rc == 1 and "logdir-1" in err and "OfflineLogDirError" in err
         rows = [json.loads(line) for line in out.splitlines()]

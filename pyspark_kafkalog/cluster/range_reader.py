@@ -37,6 +37,7 @@ from ..format.arrow_decode import decode_spark_arrays
 from ..format.columnar import arrow_arrays, decode_columns
 from ..log.segment import ReadStats
 from ..log.transactions import aborted_mask
+from .isr import merge_ranges, subtract_ranges
 
 DEFAULT_MAX_BYTES = 1 << 20
 _log = logging.getLogger(__name__)
@@ -338,18 +339,8 @@ def missing_committed(handle, log, start: int, end: int,
         if seg_end is None:
             return []
         held.append((seg.base_offset, seg_end))
-    out = []
-    for c_lo, c_hi in committed:
-        pos = c_lo
-        for h_lo, h_hi in held:
-            if h_hi <= pos or h_lo >= c_hi:
-                continue
-            if h_lo > pos:
-                out.append((pos, h_lo - 1))
-            pos = max(pos, h_hi)
-        if pos < c_hi:
-            out.append((pos, c_hi - 1))
-    return out
+    missing = subtract_ranges([list(c) for c in committed], merge_ranges(held))
+    return [(s, e - 1) for s, e in missing]
 
 
 def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,

@@ -148,28 +148,17 @@ class ReplicationReplay:
 
     def _replica_progress(self, a: A.ReplicaProgress, ts: int) -> A.Result:
         """Ranges copied to followers and checked (§1.3): valid partitions apply."""
-        if REPLICATION not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"replica_progress needs the feature {REPLICATION}")
-        out: Dict[str, A.Result] = {}
-        for key, ranges in a.partitions.items():
-            topic, p = split_key(key)
-            bad = self._replicated(key, a.topic_ids)
-            if bad is None:
-                why = R.check_progress(self.partitions[key], self.topics[topic]["replicas"][p],
-                                       ranges)
-                bad = None if why is None else A.error("INVALID_REQUEST", why)
-            if bad is not None:
-                out[key] = bad
-                continue
-            R.apply_progress(self._partition_w(key), ranges)
-            self._refresh_hw(key)
-            out[key] = A.Result()
-        return A.PartitionsResult(partitions=out)
+        return self._follower_ranges(a, REPLICATION, R.apply_progress)
 
     def _replica_lost(self, a: A.ReplicaLost, ts: int) -> A.Result:
         """Ranges a follower's files were found not to hold (§1.3): valid partitions apply."""
-        if REPLICA_CHECK not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"replica_lost needs the feature {REPLICA_CHECK}")
+        return self._follower_ranges(a, REPLICA_CHECK, R.apply_lost)
+
+    def _follower_ranges(self, a, feature: str, apply) -> A.Result:
+        """``replica_progress`` and ``replica_lost``: per partition, ranges per follower, checked
+        alike (``isr.check_progress``); ``apply`` changes what the follower holds."""
+        if feature not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"{a.OP} needs the feature {feature}")
         out: Dict[str, A.Result] = {}
         for key, ranges in a.partitions.items():
             topic, p = split_key(key)
@@ -181,7 +170,7 @@ class ReplicationReplay:
             if bad is not None:
                 out[key] = bad
                 continue
-            R.apply_lost(self._partition_w(key), ranges)
+            apply(self._partition_w(key), ranges)
             self._refresh_hw(key)
             out[key] = A.Result()
         return A.PartitionsResult(partitions=out)
