@@ -3,10 +3,13 @@ partitions with producers and a tailer running, and the cluster's invariants che
 every schedule (#33).
 
 Each schedule is drawn from its seed. It runs a cluster with three log dirs, each on a root of
-its own, and one RF=2 topic of four partitions, some of which stay empty. A coordinator runs
-its replication passes in a thread; that thread is the unit here that a process is elsewhere.
-The main thread takes random steps:
+its own, and one RF=2 topic of four partitions, some of which stay empty. In three schedules of
+four a coordinator runs its replication passes in a thread (fast, and the pass's own code is
+all there is); in the fourth it is a whole coordinator service in a process of its own
+(tests/procs/replication_child.py), paused and killed with real signals. The main thread takes
+random steps:
 - produce at acks=all and acks=1 (retried as Kafka's producer retries, briefly);
+- write with a Spark job (the suite's session) at acks=all and acks=1;
 - move a root away and back;
 - delete, cut short or zero one of a follower's ``.log`` files;
 - restore a follower's partition directory from an older copy of it;
@@ -16,7 +19,8 @@ The main thread takes random steps:
 - tail every partition.
 
 After the faults end, every root is back, and one coordinator runs, these must hold:
-- every acks=all record that was acknowledged is there, at its offset, unchanged;
+- every acks=all record that was acknowledged is there, at its offset, unchanged (and every
+  record of a Spark job at acks=all that succeeded);
 - no write that failed ever shows;
 - no offset ever named two records, in any read during the schedule;
 - no high watermark ever went back;
@@ -28,9 +32,8 @@ After the faults end, every root is back, and one coordinator runs, these must h
 ``KAFKALOG_NEMESIS_SEED`` sets the first seed (default: a new one each run);
 ``KAFKALOG_NEMESIS_STATS=FILE`` appends what each schedule did, one JSON line each. A failure names
 its seed: ``KAFKALOG_NEMESIS_SEED=<seed> KAFKALOG_NEMESIS_SCHEDULES=1`` runs that schedule
-alone. Spark writers and streaming queries under faults are in tests/test_torture.py and
-tests/test_stream_exactly_once.py; real coordinator processes killed and paused are in
-tests/test_replication_failover.py and tests/test_coordinator_lease.py."""
+alone (the thread's timing still varies from run to run). Streaming queries under faults are
+in tests/test_stream_exactly_once.py and tests/test_torture.py, not here."""
 from __future__ import annotations
 
 import hashlib
@@ -38,6 +41,9 @@ import json
 import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -57,7 +63,9 @@ FIRST_SEED = int(os.environ.get("KAFKALOG_NEMESIS_SEED", "0")) or random.randran
 STEPS = 14
 PARTITIONS = 4
 LAG_MS, SESSION_MS, LEASE_MS = 400, 250, 150
-HEAL_S = 20.0          # the stated bound: every ISR is whole again this long after the faults end
+PROCESS_LEASE_MS = 1000  # a coordinator process's lease (it renews every third of it)
+HERE = Path(__file__).parent
+HEAL_S = 30.0          # the stated bound: every ISR is whole again this long after the faults end
 
 pytestmark = pytest.mark.slow
 
@@ -102,9 +110,44 @@ class Coordinator(threading.Thread):
         self.join(30)
 
 
+class ProcessCoordinator:
+    """A whole coordinator service in a process of its own (tests/procs/replication_child.py),
+    paused and killed with real signals; its lease renewals, fencing and takeover are the
+    service's own."""
+
+    def __init__(self, root: str, tmp: Path, n: int):
+        out = tmp / f"coordinator-{n}.out"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
+        with open(out, "w") as f, open(tmp / f"coordinator-{n}.err", "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(HERE / "procs" / "replication_child.py"), "coordinator",
+                 root, "0123456789abcdef" * 4, *map(str, (PROCESS_LEASE_MS, 50, LAG_MS, 0, 0))],
+                stdout=f, stderr=err, env=env)
+        self.out = out
+        self.bugs: list = []
+
+    def serving(self) -> bool:
+        return '"serving"' in self.out.read_text()
+
+    def signal(self, sig) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
+
+
 class Schedule:
-    def __init__(self, tmp: Path, seed: int):
+    def __init__(self, tmp: Path, seed: int, spark=None):
         self.rng = random.Random(seed)
+        self.spark = spark
+        #: a quarter of the schedules run the coordinator as a real process (slower to start)
+        self.processes = self.rng.random() < 0.25
         self.tmp = tmp
         self.root = str(tmp / "root")
         self.admin = Admin(self.root, fsync=False)
@@ -114,11 +157,12 @@ class Schedule:
             self.roots[info.log_dir] = tmp / f"r{i}"
         self.min_isr = self.rng.choice([1, 2])
         self.admin.create_topic("t", PARTITIONS, 2, {"min.insync.replicas": str(self.min_isr)})
-        self.coords = [Coordinator(self.root)]
+        self.coords = [self.new_coordinator()]
         self.away: dict = {}            # log dir -> where its root is
         self.saved: dict = {}           # (partition, log dir) -> an older copy of its directory
         self.acked_all: dict = {}       # (partition, offset) -> value, acks=all acknowledged
         self.failed: set = set()        # values of writes that failed
+        self.spark_acked_all: set = set()   # values of acks=all Spark jobs that succeeded
         self.seen: dict = {}            # (partition, offset) -> value, every read
         self.hw: dict = {}
         self.n = 0
@@ -176,6 +220,28 @@ class Schedule:
                 self.acked_all[(m.partition, m.offset)] = v
         self.log.append(f"produce acks={acks} p{p} -> {placed[0].offset}")
 
+    def spark_write(self) -> None:
+        """A Spark job's write (tasks reserve and write, the driver commits), acks all or 1."""
+        if self.spark is None:
+            return self.produce()
+        p = self.rng.choice([0, 1, 2])
+        acks = self.rng.choice(["all", "1"])
+        values = [f"s{self.n}-{j}" for j in range(self.rng.randint(1, 6))]
+        self.n += 1
+        df = self.spark.createDataFrame([("k", v, p) for v in values],
+                                        "key string, value string, partition int")
+        try:
+            (df.write.format("kafkalog").option("topic", "t").option("acks", acks)
+             .option("request.timeout.ms", "1500").option("delivery.timeout.ms", "2500")
+             .option("retry.backoff.ms", "50").mode("append").save(self.root))
+        except Exception as exc:   # noqa: BLE001 - Py4J wraps ours: a failed job shows nothing
+            self.failed.update(v.encode() for v in values)
+            self.log.append(f"spark write acks={acks} p{p} failed: {str(exc).splitlines()[0][:80]}")
+            return
+        if acks == "all":
+            self.spark_acked_all.update(v.encode() for v in values)
+        self.log.append(f"spark write acks={acks} p{p}")
+
     def root_away(self) -> None:
         if self.away:
             d, where = next(iter(self.away.items()))
@@ -220,8 +286,29 @@ class Schedule:
             shutil.copytree(old, d)
             self.log.append(f"restored {r}/t-{p} from an older copy")
 
+    def new_coordinator(self):
+        if not self.processes:
+            return Coordinator(self.root)
+        c = ProcessCoordinator(self.root, self.tmp, len(getattr(self, "coords", ())))
+        end = time.monotonic() + 60
+        while not c.serving() and time.monotonic() < end:
+            time.sleep(0.05)
+        return c
+
     def coordinator(self) -> None:
         active = self.coords[-1]
+        if self.processes:
+            if self.rng.random() < 0.5:                  # SIGSTOP, a takeover, SIGCONT
+                active.signal(signal.SIGSTOP)
+                self.coords.append(self.new_coordinator())   # a standby takes the lease
+                time.sleep(PROCESS_LEASE_MS / 1000)
+                active.signal(signal.SIGCONT)            # resumed: fenced, it stands by
+                self.log.append("coordinator process SIGSTOP, replaced, SIGCONT")
+            else:
+                active.signal(signal.SIGKILL)
+                self.coords.append(self.new_coordinator())
+                self.log.append("coordinator process SIGKILL, another started")
+            return
         if self.rng.random() < 0.5:                      # SIGSTOP, a takeover, SIGCONT
             active.running.clear()
             time.sleep(LEASE_MS / 1000 + 0.05)
@@ -249,7 +336,7 @@ class Schedule:
 
     def run(self) -> None:
         steps = [self.produce] * 6 + [self.root_away] * 2 + [self.damage] * 2 + [
-            self.save_or_restore, self.coordinator, self.reassign, self.tail]
+            self.save_or_restore, self.coordinator, self.reassign, self.tail, self.spark_write]
         for _ in range(STEPS):
             self.rng.choice(steps)()
             time.sleep(self.rng.uniform(0, 0.15))
@@ -264,8 +351,9 @@ class Schedule:
         self.away.clear()
         self.log.append("faults end")
         # a file damaged by the last step is found at the next check of its follower: let every
-        # follower be checked once (replica_verify_interval_ms is 100) before judging the ISR
-        time.sleep(0.5)
+        # follower be checked once (replica.verify.interval.ms: 100 in a thread, the default
+        # 1000 in a process) before judging the ISR
+        time.sleep(1.5 if self.processes else 0.5)
         end = time.monotonic() + HEAL_S
         while time.monotonic() < end:
             state = self.admin.cluster.state()
@@ -297,6 +385,8 @@ class Schedule:
             assert records.get(key) == value, f"acks=all record {key} {value!r} lost or changed"
         shown = set(records.values())
         assert not (self.failed & shown), f"failed writes show: {sorted(self.failed & shown)}"
+        lost = self.spark_acked_all - shown
+        assert not lost, f"records of acks=all Spark jobs lost: {sorted(lost)}"
         state = self.admin.cluster.state()
         for p in range(PARTITIONS):
             ps = state.partition("t", p)
@@ -317,17 +407,18 @@ class Schedule:
 
 
 @pytest.mark.parametrize("i", range(SCHEDULES))
-def test_nemesis_schedule_keeps_the_invariants(tmp_path, i):
+def test_nemesis_schedule_keeps_the_invariants(tmp_path, i, spark):
     seed = FIRST_SEED + i
     s = None
     try:
-        s = Schedule(tmp_path, seed)
+        s = Schedule(tmp_path, seed, spark)
         s.run()
         s.check()
         if os.environ.get("KAFKALOG_NEMESIS_STATS"):   # one JSON line per schedule, for the record
             kinds = [line.split()[0] for line in s.log]
             with open(os.environ["KAFKALOG_NEMESIS_STATS"], "a") as f:
-                f.write(json.dumps({"seed": seed, "steps": {k: kinds.count(k) for k in set(kinds)},
+                f.write(json.dumps({"seed": seed, "processes": s.processes,
+                                    "steps": {k: kinds.count(k) for k in set(kinds)},
                                     "acked_all": len(s.acked_all), "failed": len(s.failed),
                                     "records": len(s.seen)}) + "\n")
     except BaseException as exc:
