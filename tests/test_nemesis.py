@@ -9,7 +9,9 @@ all there is); in the fourth it is a whole coordinator service in a process of i
 (tests/procs/replication_child.py), paused and killed with real signals. The main thread takes
 random steps:
 - produce at acks=all and acks=1 (retried as Kafka's producer retries, briefly);
-- write with a Spark job (the suite's session) at acks=all and acks=1;
+- write with a Spark job (the suite's session) at acks=all and acks=1, and, in a quarter of
+  the schedules, run a streaming query t -> out throughout (restarted from its checkpoint at the
+  end if a fault failed it);
 - move a root away and back;
 - delete, cut short or zero one of a follower's ``.log`` files;
 - restore a follower's partition directory from an older copy of it;
@@ -21,6 +23,7 @@ random steps:
 After the faults end, every root is back, and one coordinator runs, these must hold:
 - every acks=all record that was acknowledged is there, at its offset, unchanged (and every
   record of a Spark job at acks=all that succeeded);
+- the streaming query's sink holds every visible source record exactly once;
 - no write that failed ever shows;
 - no offset ever named two records, in any read during the schedule;
 - no high watermark ever went back;
@@ -32,8 +35,8 @@ After the faults end, every root is back, and one coordinator runs, these must h
 ``KAFKALOG_NEMESIS_SEED`` sets the first seed (default: a new one each run);
 ``KAFKALOG_NEMESIS_STATS=FILE`` appends what each schedule did, one JSON line each. A failure names
 its seed: ``KAFKALOG_NEMESIS_SEED=<seed> KAFKALOG_NEMESIS_SCHEDULES=1`` runs that schedule
-alone (the thread's timing still varies from run to run). Streaming queries under faults are
-in tests/test_stream_exactly_once.py and tests/test_torture.py, not here."""
+alone (the thread's timing still varies from run to run). Streaming drivers killed with
+SIGKILL are in tests/test_stream_exactly_once.py."""
 from __future__ import annotations
 
 import hashlib
@@ -158,6 +161,11 @@ class Schedule:
         self.min_isr = self.rng.choice([1, 2])
         self.admin.create_topic("t", PARTITIONS, 2, {"min.insync.replicas": str(self.min_isr)})
         self.coords = [self.new_coordinator()]
+        #: a quarter of the schedules run a streaming query t -> out beside everything else
+        self.query = None
+        if spark is not None and self.rng.random() < 0.25:
+            self.admin.create_topic("out", 2)
+            self.query = self.start_query()
         self.away: dict = {}            # log dir -> where its root is
         self.saved: dict = {}           # (partition, log dir) -> an older copy of its directory
         self.acked_all: dict = {}       # (partition, offset) -> value, acks=all acknowledged
@@ -219,6 +227,33 @@ class Schedule:
             for m, v in zip(placed, values):
                 self.acked_all[(m.partition, m.offset)] = v
         self.log.append(f"produce acks={acks} p{p} -> {placed[0].offset}")
+
+    def start_query(self):
+        src = (self.spark.readStream.format("kafkalog").option("subscribe", "t")
+               .option("startingOffsets", "earliest").load(self.root)
+               .selectExpr("key", "upper(CAST(value AS STRING)) AS value"))
+        return (src.writeStream.format("kafkalog").option("topic", "out")
+                .option("checkpointLocation", str(self.tmp / "checkpoint"))
+                .option("delivery.timeout.ms", "2500").option("retry.backoff.ms", "50")
+                .trigger(processingTime="200 milliseconds").start(self.root))
+
+    def finish_query(self) -> None:
+        """The streaming query, restarted from its checkpoint if a fault failed it, catches up
+        once the faults end: the sink then holds every visible source record exactly once."""
+        if not self.query.isActive:
+            self.log.append(f"streaming query failed: {str(self.query.exception())[:80]}")
+            self.query = self.start_query()
+        want = sorted(r.value.upper() for r in self.admin.consume("t"))
+        end = time.monotonic() + 90
+        got = []
+        while time.monotonic() < end:
+            got = sorted(r.value for r in self.admin.consume("out"))
+            if len(got) >= len(want) or not self.query.isActive:
+                break
+            time.sleep(0.2)
+        self.query.stop()
+        assert got == want, (f"the streaming query's sink is not the source exactly once: "
+                             f"{len(got)} records for {len(want)}")
 
     def spark_write(self) -> None:
         """A Spark job's write (tasks reserve and write, the driver commits), acks all or 1."""
@@ -370,6 +405,8 @@ class Schedule:
         else:
             raise AssertionError(f"the ISR did not heal within {HEAL_S} s: "
                                  f"{[state.partition('t', p).replication for p in range(PARTITIONS)]}")
+        if self.query is not None:
+            self.finish_query()
         for c in self.coords:
             c.stop()
         for c in self.coords:
@@ -418,6 +455,7 @@ def test_nemesis_schedule_keeps_the_invariants(tmp_path, i, spark):
             kinds = [line.split()[0] for line in s.log]
             with open(os.environ["KAFKALOG_NEMESIS_STATS"], "a") as f:
                 f.write(json.dumps({"seed": seed, "processes": s.processes,
+                                    "streaming_query": s.query is not None,
                                     "steps": {k: kinds.count(k) for k in set(kinds)},
                                     "acked_all": len(s.acked_all), "failed": len(s.failed),
                                     "records": len(s.seen)}) + "\n")
@@ -427,5 +465,7 @@ def test_nemesis_schedule_keeps_the_invariants(tmp_path, i, spark):
                              f"{seed} KAFKALOG_NEMESIS_SCHEDULES=1\n  {steps}\n{exc}") from exc
     finally:
         if s is not None:
+            if s.query is not None and s.query.isActive:
+                s.query.stop()
             for c in s.coords:
                 c.stop()
