@@ -238,22 +238,27 @@ class Schedule:
                 .trigger(processingTime="200 milliseconds").start(self.root))
 
     def finish_query(self) -> None:
-        """The streaming query, restarted from its checkpoint if a fault failed it, catches up
-        once the faults end: the sink then holds every visible source record exactly once."""
-        if not self.query.isActive:
-            self.log.append(f"streaming query failed: {str(self.query.exception())[:80]}")
-            self.query = self.start_query()
+        """The streaming query, restarted from its checkpoint whenever a fault failed it (at
+        most 3 times), catches up once the faults end: the sink then holds every visible
+        source record exactly once."""
         want = sorted(r.value.upper() for r in self.admin.consume("t"))
         end = time.monotonic() + 90
-        got = []
+        got, restarts, why = [], 0, ""
         while time.monotonic() < end:
+            if not self.query.isActive:
+                why = str(self.query.exception()).splitlines()[0][:300]
+                self.log.append(f"streaming query failed: {why}")
+                if restarts == 3:
+                    break
+                restarts += 1
+                self.query = self.start_query()
             got = sorted(r.value for r in self.admin.consume("out"))
-            if len(got) >= len(want) or not self.query.isActive:
+            if len(got) >= len(want):
                 break
             time.sleep(0.2)
         self.query.stop()
         assert got == want, (f"the streaming query's sink is not the source exactly once: "
-                             f"{len(got)} records for {len(want)}")
+                             f"{len(got)} records for {len(want)} ({why})")
 
     def spark_write(self) -> None:
         """A Spark job's write (tasks reserve and write, the driver commits), acks all or 1."""
@@ -306,20 +311,27 @@ class Schedule:
         self.log.append(f"{how} {r}/t-{p}/{f.name}")
 
     def save_or_restore(self) -> None:
+        """Restore a follower's partition directory from a copy saved earlier in the schedule
+        (a root brought back from an older backup), or save such a copy."""
+        older = [(p, r) for (p, r) in self.saved
+                 if r not in self.away and r != self.leader(p)
+                 and r in self.admin.cluster.state().topics["t"]["replicas"][p]]
+        if older and self.rng.random() < 0.7:
+            p, r = self.rng.choice(sorted(older))
+            d = self.roots[r] / f"t-{p}"
+            shutil.rmtree(d, ignore_errors=True)
+            shutil.copytree(self.saved.pop((p, r)), d)
+            self.log.append(f"restored {r}/t-{p} from an older copy")
+            return
         p = self.rng.randrange(PARTITIONS)
         r, d = self.follower_dir(p)
         if d is None or not d.exists():
             return
-        old = self.saved.pop((p, r), None)
-        if old is None:
-            copy = self.tmp / f"saved-{p}-{r}-{self.n}"
-            shutil.copytree(d, copy)
-            self.saved[(p, r)] = copy
-            self.log.append(f"saved {r}/t-{p}")
-        else:
-            shutil.rmtree(d)
-            shutil.copytree(old, d)
-            self.log.append(f"restored {r}/t-{p} from an older copy")
+        copy = self.tmp / f"saved-{p}-{r}-{self.n}"
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(d, copy)
+        self.saved[(p, r)] = copy
+        self.log.append(f"saved {r}/t-{p}")
 
     def new_coordinator(self):
         if not self.processes:
@@ -371,7 +383,8 @@ class Schedule:
 
     def run(self) -> None:
         steps = [self.produce] * 6 + [self.root_away] * 2 + [self.damage] * 2 + [
-            self.save_or_restore, self.coordinator, self.reassign, self.tail, self.spark_write]
+            self.save_or_restore] * 2 + [self.coordinator, self.reassign, self.tail,
+                                          self.spark_write]
         for _ in range(STEPS):
             self.rng.choice(steps)()
             time.sleep(self.rng.uniform(0, 0.15))
