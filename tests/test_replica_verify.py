@@ -286,3 +286,22 @@ def test_a_log_dir_under_the_clusters_root_is_not_created_again_either(tmp_path)
     assert not logdir0.exists()
     away.rename(logdir0)
     produce(admin, 1, 2, partition=p)
+
+
+def test_a_planner_never_creates_a_registered_root_again(tmp_path):
+    """Found by tests/test_nemesis.py: planning a read (a batch read, a streaming query's
+    micro-batch) of a partition led on another root opened that root as storage
+    (``sources.cached_storage``), which made it again, empty, where it had been moved away."""
+    from pyspark_kafkalog.cluster.sources import ClusterSource
+    from pyspark_kafkalog.errors import KafkaLogError
+    admin, rep, clock = setup(tmp_path, partitions=2)
+    replicas = admin.cluster.state().topics["t"]["replicas"]
+    p = next(i for i, r in enumerate(replicas) if r[0] == "logdir-1")   # led on "second"
+    produce(admin, 2, partition=p)
+    second, away = tmp_path / "second", tmp_path / "second-away"
+    second.rename(away)
+    try:
+        ClusterSource(str(tmp_path / "root"), cluster=admin.cluster).view("t", p)
+    except KafkaLogError:
+        pass                     # the planner may fail; it must not make the root again
+    assert not second.exists()

@@ -41,12 +41,16 @@ INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__clu
 _STORAGE_CACHE: Dict[Tuple[str, Tuple], object] = {}
 
 
-def cached_storage(url: str, storage_options: Optional[Dict[str, str]] = None):
-    """One storage object per URL and options per process (Python workers are reused)."""
-    key = (url, tuple(sorted((storage_options or {}).items())))
+def cached_storage(url: str, storage_options: Optional[Dict[str, str]] = None, *,
+                   create_root: bool = True):
+    """One storage object per URL and options per process (Python workers are reused).
+    ``create_root`` False for a registered log dir's root, which a reader must never make
+    again where it has gone (docs/protocol.md §1.1)."""
+    key = (url, tuple(sorted((storage_options or {}).items())), create_root)
     storage = _STORAGE_CACHE.get(key)
     if storage is None:
-        storage = _STORAGE_CACHE[key] = open_storage(url, **dict(storage_options or {}))
+        storage = _STORAGE_CACHE[key] = open_storage(url, **dict(storage_options or {}),
+                                                     create_root=create_root)
     return storage
 
 
@@ -111,8 +115,8 @@ class PartitionHandle:
         return None
 
     def open(self, stats: Optional[ReadStats] = None) -> PartitionLog:
-        storage = cached_storage(*self.root) if self.root is not None else \
-            cached_storage(self.url, self.storage_options)
+        storage = cached_storage(*self.root, create_root=False) if self.root is not None \
+            else cached_storage(self.url, self.storage_options)
         config = LogConfig.from_properties(self.configs)
         if self.kind == CLUSTER:
             from .state import PartitionState
