@@ -11,12 +11,12 @@ the caller picks: ``serial`` here, or one that runs ``PartitionWork`` on Spark e
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import (KafkaLogError, KafkaStorageError, OfflineLogDirError,
                       StorageNotFoundError, error_for)
+from ..log.file_names import log_file_base, parse_segment_file
 from ..log.segment import LogSegment
 from ..progress import tracked
 from . import actions as A
@@ -28,7 +28,6 @@ from .segment_merges import PartitionMerges, merge_step
 from .state import ClusterState, split_key, tp_key
 
 TopicPartition = Tuple[str, int]
-_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
 
 
 @dataclass
@@ -218,9 +217,8 @@ def delete_below_log_start(cluster, state: ClusterState, topic: str, partition: 
     d = cluster.partition_dir(topic, partition, logdir, state=state)
     visible = {s.base_offset for s in segs}
     for info in cluster.storage.list(d):
-        m = _SEGMENT_FILE.match(info.name)
-        if m and m.group(2) == "log":
-            base = int(m.group(1))
+        base = log_file_base(info.name)
+        if base is not None:
             if base < ps.log_start_offset and base not in visible and base not in deleted:
                 seg = LogSegment(cluster.storage, d, base)
                 if not ps.is_aborted(base) and not _below(seg, ps.log_start_offset):
@@ -555,9 +553,9 @@ def _clean_log_dir(cluster, state: ClusterState, after: ClusterState, logdir: st
         removed["temp"] += cluster.storage.cleanup_temp_files(path, temp_file_max_age_s)
         bases = {}
         for info in cluster.storage.list(path):
-            m = _SEGMENT_FILE.match(info.name)
-            if m:
-                bases.setdefault(int(m.group(1)), set()).add(m.group(2))
+            parsed = parse_segment_file(info.name)
+            if parsed:
+                bases.setdefault(parsed[0], set()).add(parsed[1])
         for base, kinds in sorted(bases.items()):
             if not is_garbage_segment(ps, base, "log" in kinds):
                 continue

@@ -41,6 +41,7 @@ from typing import Dict, Iterable, List, NamedTuple, Optional
 
 from ..errors import (FencedLeaderEpochError, InvalidConfigError, KafkaLogError,
                       TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_for)
+from ..log.file_names import parse_segment_file
 from . import actions as A
 from .acks import submit_commit, wait_for_replicas
 from .checkpoints import sync_checkpoints, written_ranges
@@ -59,7 +60,6 @@ JOBS_DIR = "_kafkalog/jobs"
 MARKER_MAX_AGE_S = 24 * 3600
 STREAM_MARKER_MAX_AGE_S = 3600
 MARKER_SWEEP_INTERVAL_S = 600
-SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 
 
 # -- opening the target -------------------------------------------------------------------------
@@ -70,7 +70,7 @@ def looks_like_kafka_logdir(storage) -> bool:
                 "recovery-point-offset-checkpoint", "log-start-offset-checkpoint",
                 "partition.metadata", "leader-epoch-checkpoint"}:
         return True
-    if any(SEGMENT_FILE.match(n) for n in names):
+    if any(parse_segment_file(n) for n in names):
         return True      # a partition directory
     return any(re.match(r"^.+-\d+$", d) for d in storage.list_dirs(""))
 
@@ -156,8 +156,8 @@ def _delete_ranges(cluster: Cluster, state, txns: Dict[str, dict]) -> None:
             try:
                 d = cluster.partition_dir(topic, p, state=state)
                 for f in cluster.storage.list(d):
-                    m = SEGMENT_FILE.match(f.name)
-                    if m and start <= int(m.group(1)) < end:
+                    parsed = parse_segment_file(f.name)
+                    if parsed and start <= parsed[0] < end:
                         cluster.storage.delete(f"{d}/{f.name}")
             except KafkaLogError:
                 continue

@@ -15,7 +15,8 @@ from typing import Dict, List, Optional, Tuple
 
 from ..cluster.isr import merge_ranges, subtract_ranges
 from ..errors import KafkaLogError
-from ..log.segment import LOG_SUFFIX, LogSegment
+from ..log.file_names import log_file_base
+from ..log.segment import LogSegment
 
 
 class ReplicaCheck:
@@ -33,9 +34,9 @@ class ReplicaCheck:
         Raises ``KafkaLogError`` when ``d`` cannot be listed (nothing is concluded then)."""
         listed = {}
         for f in self.storage.list(d):
-            stem = f.name[:-len(LOG_SUFFIX)]
-            if f.name.endswith(LOG_SUFFIX) and stem.isdigit():
-                listed[int(stem)] = (f.size, f.mtime)
+            base = log_file_base(f.name)
+            if base is not None:
+                listed[base] = (f.size, f.mtime)
         known_id, known = self._files.get(d, (None, {}))
         if known_id != topic_id:
             known = {}

@@ -35,6 +35,7 @@ from ..log.logdir import (LOG_START_CHECKPOINT, META_PROPERTIES, RECOVERY_POINT_
                           REPLICATION_CHECKPOINT, LogDir)
 from ..log.partition import LEADER_EPOCH_FILE, PartitionLog
 from ..format.checkpoint import parse_meta_properties
+from ..log.file_names import log_file_base, parse_segment_file
 from ..log.segment import LOG_SUFFIX, segment_name
 from .copier import check_fetchers, copy_partition_metadata, copy_segments
 from .fetch_session import FetchSessionClient
@@ -418,8 +419,8 @@ class Replicator:
         storage = self.cluster.storage
         src_dir = self.cluster.partition_dir(topic, p, leader, state)
         try:
-            bases = sorted(int(f.name[:-len(LOG_SUFFIX)]) for f in storage.list(src_dir)
-                           if f.name.endswith(LOG_SUFFIX) and f.name[:-len(LOG_SUFFIX)].isdigit())
+            bases = sorted(b for b in map(log_file_base, (f.name for f in storage.list(src_dir)))
+                           if b is not None)
         except KafkaLogError as exc:
             for r in behind:
                 result.failures[f"{key} {r}"] = f"listing the leader {leader}: {exc}"
@@ -550,10 +551,10 @@ class Replicator:
             return False
         doomed = []
         for name in names:
-            stem, dot, suffix = name.partition(".")
-            if not stem.isdigit() or suffix not in ("log", "index", "timeindex", "txnindex"):
+            parsed = parse_segment_file(name)
+            if parsed is None:
                 continue
-            base = int(stem)
+            base = parsed[0]
             if _segment_span(ps, base, None) is None \
                     and not _open_span(_open_acks_all(state, tp_key(topic, p)), base):
                 doomed.append(name)

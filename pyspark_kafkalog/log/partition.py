@@ -7,7 +7,6 @@ writers is *not* handled here: the cluster layer's protocol decides who may appe
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
@@ -22,10 +21,10 @@ from ..format.encode import (EncodedBatch, assign_log_append_time, assign_offset
                              check_batch_size)
 from ..format.records import LOG_APPEND_TIME
 from .config import LogConfig
+from .file_names import log_file_base, parse_segment_file
 from .segment import (INDEX_SUFFIX, TIMEINDEX_SUFFIX, LogSegment, ReadStats,
                       SegmentRecovery)
 
-_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
 _INT32_MAX = 2**31 - 1
 LEADER_EPOCH_FILE = "leader-epoch-checkpoint"
 PARTITION_METADATA_FILE = "partition.metadata"
@@ -117,9 +116,8 @@ class PartitionLog:
         """Re-list segments from storage (another process may have rolled or deleted some)."""
         sizes = {}
         for info in self.storage.list(self.dir):
-            m = _SEGMENT_FILE.match(info.name)
-            if m and m.group(2) == "log":
-                base = int(m.group(1))
+            base = log_file_base(info.name)
+            if base is not None:
                 if self.segment_filter is None or self.segment_filter(base):
                     sizes[base] = info.size
         self._set_segments(sizes)
@@ -487,8 +485,8 @@ class PartitionLog:
         """Index files without a ``.log`` (left by a deletion that was cut short)."""
         bases = {s.base_offset for s in self.segments}
         for info in self.storage.list(self.dir):
-            m = _SEGMENT_FILE.match(info.name)
-            if m and int(m.group(1)) not in bases and m.group(2) != "log":
+            parsed = parse_segment_file(info.name)
+            if parsed and parsed[0] not in bases and parsed[1] != "log":
                 self.storage.delete(self._path(info.name))
 
 

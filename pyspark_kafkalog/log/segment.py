@@ -22,16 +22,13 @@ from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, V2_HEADER_SIZE, BatchHeader
 from ..format.columnar import decode_records
 from ..format.index_builder import IndexBuilder
 from .config import LogConfig
+from .file_names import (INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX,  # noqa: F401 (re-exported)
+                         TXNINDEX_SUFFIX, segment_name)
 
-LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX = ".log", ".index", ".timeindex", ".txnindex"
 _INT32_MAX = 2**31 - 1
 _EMPTY = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 _log = logging.getLogger(__name__)
 _HEADER_BYTES = V2_HEADER_SIZE     # enough bytes to parse any entry header
-
-
-def segment_name(base_offset: int, suffix: str) -> str:
-    return f"{base_offset:020d}{suffix}"
 
 
 @dataclass
