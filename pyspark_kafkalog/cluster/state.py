@@ -21,12 +21,13 @@ from ..format.checkpoint import colliding_topics, validate_topic_name
 from ..log.config import LogConfig
 from . import actions as A
 from . import isr as R
+from .lease_replay import LeaseReplay
+from .log_dir_replay import LogDirReplay
 from .merge_replay import MergeReplay
 from .replication_replay import ReplicationReplay
 from . import quotas as Q
-from .features import (CLIENT_QUOTAS, CONFIG_FEATURES, COORDINATOR_LEASE, LOG_DIR_REGISTRY,
-                       LOG_DIR_REMOVAL, REPLICATION, SEGMENT_MERGE, STREAMING_SINK, check_readable,
-                       unknown_features)
+from .features import (CLIENT_QUOTAS, CONFIG_FEATURES, REPLICATION, SEGMENT_MERGE,
+                       STREAMING_SINK, check_readable, unknown_features)
 from .cow_map import CowMap
 from .partition_state import PartitionState, split_key, tp_key
 from .snapshot_shape import check_snapshot
@@ -47,7 +48,7 @@ def chunk_of(partition: int) -> int:
     return partition // PARTITIONS_PER_PART
 
 
-class ClusterState(ReplicationReplay, MergeReplay):
+class ClusterState(ReplicationReplay, MergeReplay, LogDirReplay, LeaseReplay):
     def __init__(self):
         self.seq = -1
         self.timestamp = -1
@@ -341,74 +342,6 @@ class ClusterState(ReplicationReplay, MergeReplay):
             self._start_replication(topic, p)
         return A.Result()
 
-    def _duplicate_replicas(self, replicas: List[List[str]]) -> Optional[str]:
-        """Two replicas of one partition in one log dir (§1.2). Checked only once the cluster has
-        ``logDirRegistry``: before it a cluster has one log dir, and replay must not change for
-        entries older clients wrote."""
-        if LOG_DIR_REGISTRY not in self.reader_features:
-            return None
-        for i, r in enumerate(replicas):
-            if len(set(r)) != len(r):
-                return f"replica list {i} names a log dir twice: {r}"
-        return None
-
-    def _add_log_dir(self, a: A.AddLogDir, ts: int) -> A.Result:
-        """A log dir at a URL of its own (§1.1). Its name and URL are each registered once; the
-        log's order decides between two clients that chose the same name."""
-        if LOG_DIR_REGISTRY not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"add_log_dir needs the feature {LOG_DIR_REGISTRY}, "
-                           "which this cluster has not enabled")
-        prefix, _, n = a.log_dir.rpartition("-")
-        if prefix != "logdir" or not n.isdigit() or not n.isascii() or not a.url \
-                or not a.directory_id:
-            return A.error("INVALID_REQUEST", f"add_log_dir needs a name logdir-<n>, a url and a "
-                           f"directory_id; got {a.log_dir!r:.60}, {a.url!r:.200}")
-        if a.log_dir in self.log_dirs:
-            return A.error("INVALID_REQUEST", f"log dir name {a.log_dir} is taken (by "
-                           f"{self.log_dirs[a.log_dir]['url']})")
-        for name, info in self.log_dirs.items():
-            if "removed" in info:
-                continue   # its name stays taken (above), its URL may be registered again
-            if info["url"] == a.url or info["directory_id"] == a.directory_id:
-                return A.error("INVALID_REQUEST", f"{a.url} is registered already, as {name}")
-        self.log_dirs = dict(self.log_dirs, **{a.log_dir: {
-            "url": a.url, "directory_id": a.directory_id,
-            "storage_options": dict(a.storage_options), "added": ts}})
-        return A.Result()
-
-    def _remove_log_dir(self, a: A.RemoveLogDir, ts: int) -> A.Result:
-        """A registered log dir that holds no replica, and is no reassignment's target, is
-        removed (§1.1). It stays in ``log_dirs`` marked ``removed`` (the entry's timestamp):
-        its name is never registered again and no replica list may name it, so a process that
-        still resolves the name to the old URL never meets a new log dir's data under it."""
-        if LOG_DIR_REMOVAL not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"remove_log_dir needs the feature "
-                           f"{LOG_DIR_REMOVAL}, which this cluster has not enabled")
-        info = self.log_dirs.get(a.log_dir)
-        if info is None or "removed" in info:
-            return A.error("INVALID_REQUEST", f"{a.log_dir!r:.60} is not a registered log dir"
-                           + (" (it was removed)" if info is not None else ""))
-        for topic, t in self.topics.items():
-            for p, replicas in enumerate(t["replicas"]):
-                rep = self.partitions[tp_key(topic, p)].replication
-                if a.log_dir in replicas or (rep is not None
-                                             and a.log_dir in rep.get("target", ())):
-                    return A.error("INVALID_REQUEST", f"log dir {a.log_dir} holds a replica of "
-                                   f"{topic}-{p}: move it away first (reassign_partitions)")
-        self.log_dirs = dict(self.log_dirs, **{a.log_dir: dict(info, removed=ts)})
-        return A.Result()
-
-    def _removed_log_dir(self, replicas: List[List[str]]) -> Optional[str]:
-        """A replica on a removed log dir (§1.1): refused, so that a writer that planned before
-        the removal cannot place data under a name no longer a log dir."""
-        if not any("removed" in info for info in self.log_dirs.values()):
-            return None
-        for i, r in enumerate(replicas):
-            for d in r:
-                if "removed" in self.log_dirs.get(d, ()):
-                    return f"replica list {i} names log dir {d}, which was removed"
-        return None
-
     def _delete_topic(self, a: A.DeleteTopic, ts: int) -> A.Result:
         topic = a.topic
         if topic not in self.topics:
@@ -589,71 +522,6 @@ class ClusterState(ReplicationReplay, MergeReplay):
         if result.ok:
             self._sinks_w()[a.sink] = a.batch
         return result
-
-    def _fenced(self, action: A.Action) -> Optional[A.Result]:
-        """The fencing rule (§11): an action carrying ``coordinator_epoch`` applies only under
-        the current, unreleased epoch, so a deposed coordinator's actions never take effect,
-        however late they land. Checked here, once, so an action that gains the field gains the
-        rule without handler code."""
-        epoch = getattr(action, "coordinator_epoch", None)
-        return None if epoch is None else self._stale(epoch, None)
-
-    def _stale(self, epoch: int, holder: Optional[str]) -> Optional[A.Result]:
-        cur = self.coordinator
-        if cur is None:
-            why = "no coordinator has held the lease yet"
-        elif not cur["holder"]:
-            why = f"the current epoch {cur['epoch']} was released"
-        elif epoch != cur["epoch"] or (holder is not None and holder != cur["holder"]):
-            why = f"the current epoch is {cur['epoch']}, held by {cur['holder']}"
-        else:
-            return None
-        return A.error("STALE_CONTROLLER_EPOCH", f"coordinator epoch {epoch} of "
-                       f"{holder or 'its sender'} is fenced: {why}")
-
-    def _coordinator_lease(self, a: A.CoordinatorLeaseChange, ts: int) -> A.Result:
-        """The coordinator's lease (§11). Whether the current lease has expired is judged by the
-        acquirer's clock as written in its action (``renewed_ms``), never by the replaying
-        process's: replay stays a function of the log, and the log's order decides a race."""
-        if COORDINATOR_LEASE not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"coordinator_lease needs the feature "
-                           f"{COORDINATOR_LEASE}, which this cluster has not enabled")
-        if a.lease_op not in A.LEASE_OPS:
-            return A.error("INVALID_REQUEST", f"lease_op {a.lease_op!r:.40} is not one of "
-                           f"{', '.join(A.LEASE_OPS)}")
-        if a.epoch < 1 or not a.holder:
-            return A.error("INVALID_REQUEST", "a lease needs an epoch >= 1 and a holder")
-        if a.lease_op != "release" and a.lease_ms <= 0:
-            return A.error("INVALID_REQUEST", f"lease_ms {a.lease_ms} is not positive")
-        cur = self.coordinator
-        if a.lease_op == "acquire":
-            current = cur["epoch"] if cur else 0
-            if a.epoch > current + 1:
-                return A.error("INVALID_REQUEST", f"epoch {a.epoch} skips epochs: the current "
-                               f"one is {current}")
-            live = (cur is not None and cur["holder"] and cur["holder"] != a.holder
-                    and a.renewed_ms < cur["renewed_ms"] + cur["lease_ms"])
-            if a.epoch <= current or live:
-                until = cur["renewed_ms"] + cur["lease_ms"]
-                held = (f"{cur['holder']} (at {cur['address'] or 'no address'}) holds "
-                        f"coordinator epoch {cur['epoch']} until {until}"
-                        if cur["holder"] else f"coordinator epoch {cur['epoch']} was released")
-                return A.error("NOT_COORDINATOR", f"epoch {a.epoch} is taken: {held}"
-                               if a.epoch <= current else
-                               f"{held}, and this acquire's time is {a.renewed_ms}")
-            self.coordinator = {"epoch": a.epoch, "holder": a.holder, "address": a.address,
-                                "lease_ms": a.lease_ms, "renewed_ms": a.renewed_ms}
-            return A.Result()
-        stale = self._stale(a.epoch, a.holder)
-        if stale is not None:
-            return stale
-        if a.lease_op == "renew":
-            self.coordinator = dict(cur, address=a.address, lease_ms=a.lease_ms,
-                                    renewed_ms=a.renewed_ms)
-        else:   # released: the epoch stays (the next acquire takes the one after it)
-            self.coordinator = {"epoch": cur["epoch"], "holder": "", "address": "",
-                                "lease_ms": 0, "renewed_ms": a.renewed_ms}
-        return A.Result()
 
     def _abort(self, a: A.Abort, ts: int) -> A.Result:
         aborted, skipped = [], {}
