@@ -252,21 +252,28 @@ class Producer:
                        ) -> PendingWrite:
         """:meth:`write`, written again after a retriable error until ``delivery.timeout.ms``
         (a Spark task's reserve-and-write; its job commits). A failed write was aborted, so
-        nothing of it is visible; the spools are used by the first attempt only."""
+        nothing of it is visible; the spools are used by the first attempt only (a failed one
+        discards them)."""
+        return self._retrying("write", lambda n: self.write(batches, spools if n == 0 else None))
+
+    def _retrying(self, what: str, attempt, in_doubt=lambda: False):
+        """``attempt(n)`` for n = 0, 1, ... until it returns, fails with an error that is not
+        retriable (or leaves ``in_doubt()`` true), or ``delivery.timeout.ms`` would pass before
+        the next try, ``retry.backoff.ms`` after this one: Kafka's producer's retry rule."""
         deadline = time.monotonic() + self.delivery_timeout_ms / 1000
-        attempt = 0
+        n = 0
         while True:
             try:
-                return self.write(batches, spools)
+                return attempt(n)
             except KafkaLogError as exc:
                 backoff = self.retry_backoff_ms / 1000
-                if not may_retry(exc) or time.monotonic() + backoff >= deadline:
+                if in_doubt() or not may_retry(exc) or time.monotonic() + backoff >= deadline:
                     raise
-                attempt += 1
-                log.warning("write: attempt %d failed with %s: %s; retrying in %d ms",
-                            attempt, exc.error_name, exc, self.retry_backoff_ms)
+                n += 1
+                log.warning("%s: attempt %d failed with %s: %s; retrying in %d ms "
+                            "(delivery.timeout.ms %d)", what, n, exc.error_name, exc,
+                            self.retry_backoff_ms, self.delivery_timeout_ms)
                 time.sleep(backoff)
-                spools = None           # discarded by the failed attempt
 
     def _write_partition(self, pending: PendingWrite, key: str, dir_path: str,
                          stamped: List[EncodedBatch], config,
@@ -388,30 +395,25 @@ class Producer:
         duplicates nothing (docs/protocol.md §3). Where the failure leaves that in doubt (the
         commit's entry may have landed and only its answer failed) the txn's recorded outcome
         decides: committed is success, anything else is retried or raised."""
-        deadline = time.monotonic() + self.delivery_timeout_ms / 1000
-        attempt = 0
-        while True:
+        doubt = []
+
+        def attempt(n: int) -> PendingWrite:
             pending = None
             try:
-                pending = self.write(batches, state=state)
+                # after a failure, what made it fail (an election, an ISR change) is news
+                pending = self.write(batches, state=state if n == 0 else None)
                 self.commit([pending])
-                break
-            except KafkaLogError as exc:
+                return pending
+            except KafkaLogError:
                 if pending is not None:
                     outcome = self._outcome(pending)
                     if outcome == "committed":
-                        break          # the commit landed; only its answer failed
+                        return pending     # the commit landed; only its answer failed
                     if outcome is None:
-                        raise          # cannot tell: a retry might duplicate the unit
-                backoff = self.retry_backoff_ms / 1000
-                if not may_retry(exc) or time.monotonic() + backoff >= deadline:
-                    raise
-                attempt += 1
-                log.warning("produce: attempt %d failed with %s: %s; retrying in %d ms "
-                            "(delivery.timeout.ms %d)", attempt, exc.error_name, exc,
-                            self.retry_backoff_ms, self.delivery_timeout_ms)
-                time.sleep(backoff)
-                state = None    # what made it fail (an election, an ISR change) is news
+                        doubt.append(pending.txn)   # cannot tell: a retry might duplicate it
+                raise
+
+        pending = self._retrying("produce", attempt, lambda: bool(doubt))
         if self.quota is not None:
             self.quota.produced(sum(len(b.data) for bs in batches.values() for b in bs))
         return pending.offsets()

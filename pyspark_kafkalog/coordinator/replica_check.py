@@ -11,7 +11,7 @@ ends at. A file whose tail does not check counts as holding nothing.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from ..cluster.isr import merge_ranges, subtract_ranges
 from ..errors import KafkaLogError
@@ -73,5 +73,5 @@ def lacking(ps, held: List[list], coverage: List[List[int]]) -> List[List[int]]:
 
 def describe(ranges: List[List[int]], limit: int = 3) -> str:
     shown = ", ".join(f"{s}-{e - 1}" for s, e in ranges[:limit])
-    more: Optional[str] = f" and {len(ranges) - limit} more" if len(ranges) > limit else ""
-    return f"offsets {shown}{more or ''}"
+    more = f" and {len(ranges) - limit} more" if len(ranges) > limit else ""
+    return f"offsets {shown}{more}"
