@@ -145,6 +145,13 @@ class ProcessCoordinator:
         return self.proc.poll() is None
 
 
+def _copy_if_present(src: str, dst: str) -> None:
+    try:
+        shutil.copy2(src, dst)
+    except FileNotFoundError:
+        pass
+
+
 class Schedule:
     def __init__(self, tmp: Path, seed: int, spark=None):
         self.rng = random.Random(seed)
@@ -320,7 +327,7 @@ class Schedule:
             p, r = self.rng.choice(sorted(older))
             d = self.roots[r] / f"t-{p}"
             shutil.rmtree(d, ignore_errors=True)
-            shutil.copytree(self.saved.pop((p, r)), d)
+            shutil.copytree(self.saved.pop((p, r)), d, dirs_exist_ok=True)
             self.log.append(f"restored {r}/t-{p} from an older copy")
             return
         p = self.rng.randrange(PARTITIONS)
@@ -329,7 +336,10 @@ class Schedule:
             return
         copy = self.tmp / f"saved-{p}-{r}-{self.n}"
         shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(d, copy)
+        # The replicator may be writing here: its temporary files are renamed away, and a
+        # segment may be deleted, while the copy runs. A backup has what was there to copy.
+        shutil.copytree(d, copy, ignore=shutil.ignore_patterns(".*.tmp-*"),
+                        copy_function=_copy_if_present)
         self.saved[(p, r)] = copy
         self.log.append(f"saved {r}/t-{p}")
 
