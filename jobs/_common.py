@@ -1,6 +1,6 @@
 """Shared plumbing for the spark-submit jobs: the session, and fanning work out per partition.
 
-The rules themselves live in ``pyspark_kafkalog.cluster.maintenance``; the jobs only hand them a
+The rules themselves live in ``pyspark_kafkalog.maintenance.retention``; the jobs only hand them a
 ``fan_out`` that runs on Spark. What it runs is a ``PartitionWork``, which travels as the cluster
 URL and a snapshot of the driver's state: every task sees exactly the metadata the driver
 planned against, and none of them replays the metadata log.

@@ -69,7 +69,7 @@ def _count_files(root: Path, topic: str, partitions: int):
 def full_speed(args, base: Path) -> dict:
     from pyspark_kafkalog.admin import Admin
     from pyspark_kafkalog.cluster.cluster import Cluster
-    from pyspark_kafkalog.cluster.maintenance import collect_garbage
+    from pyspark_kafkalog.maintenance.retention import collect_garbage
     from pyspark_kafkalog.format.records import Record
     root = base / "soak"
     # write amplification: bytes the merges wrote per byte the producer wrote to the log

@@ -41,7 +41,7 @@ def run(args, base: Path) -> dict:
     from pyspark_kafkalog import register
     from pyspark_kafkalog.admin import Admin
     from pyspark_kafkalog.cluster.cluster import Cluster
-    from pyspark_kafkalog.cluster.maintenance import collect_garbage
+    from pyspark_kafkalog.maintenance.retention import collect_garbage
     from pyspark_kafkalog.format.records import Record
     root = base / "stream"
     url = str(root)

@@ -196,7 +196,7 @@ def _fill_cluster(url: str, rows: int, partitions: int, value_bytes: int, codec:
     """Write the benchmark rows straight through the protocol (not through Spark); many
     partitions go in one send (one metadata commit) per ~200,000 rows."""
     from pyspark_kafkalog.admin import Admin
-    from pyspark_kafkalog.cluster.producer import Producer
+    from pyspark_kafkalog.client.producer import Producer
     from pyspark_kafkalog.format.records import Record
     admin = Admin(url)
     admin.create_topic(topic, partitions, configs={"segment.bytes": 256 << 20,

@@ -180,7 +180,7 @@ def _stats(values: List[float]) -> dict:
 def _planning_cluster(root: str, n: int) -> dict:
     """One topic of ``n`` partitions with one record in each (one atomic send)."""
     from pyspark_kafkalog.admin import Admin
-    from pyspark_kafkalog.cluster.producer import Producer
+    from pyspark_kafkalog.client.producer import Producer
     from pyspark_kafkalog.format.records import Record
     t0 = time.perf_counter()
     admin = Admin(root)
@@ -195,8 +195,8 @@ def _planning_cluster(root: str, n: int) -> dict:
 def run_planning(args, root: str) -> dict:
     from pyspark.sql.streaming.datasource import ReadAllAvailable
     from pyspark_kafkalog.admin import Admin
-    from pyspark_kafkalog.cluster import sources
-    from pyspark_kafkalog.cluster.stream_plan import SourceOffset
+    from pyspark_kafkalog.connector import sources
+    from pyspark_kafkalog.connector.stream_plan import SourceOffset
     from pyspark_kafkalog.format.records import Record
     from pyspark_kafkalog.spark.read_options import ReadOptions
     from pyspark_kafkalog.spark.stream_reader import KafkaLogStreamReader
@@ -369,7 +369,7 @@ def _progress_after(query, batch_id: int) -> List[dict]:
 def run_spark_planning(args, spark, root: str, tmp: str) -> dict:
     """The planning topic under a real query to the ``noop`` sink."""
     from pyspark_kafkalog.admin import Admin
-    from pyspark_kafkalog.cluster.producer import Producer
+    from pyspark_kafkalog.client.producer import Producer
     from pyspark_kafkalog.format.records import Record
     n, changed = args.partitions, min(args.changed, args.partitions)
     prod = Producer(Admin(root).cluster)

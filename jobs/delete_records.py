@@ -9,7 +9,7 @@ is trimmed to the group's committed offset, and a topic recreated since is left 
 start offsets move in one metadata entry; the file deletions fan out over partitions with Spark
 when there are many. --dry-run prints per partition the log start offset, the high watermark and
 the answer the request would get, and changes nothing. The rule itself is
-``pyspark_kafkalog.cluster.maintenance.delete_records``, the same as ``kafkalog delete-records``.
+``pyspark_kafkalog.maintenance.retention.delete_records``, the same as ``kafkalog delete-records``.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import sys
 
 from _common import spark_fan_out, spark_session
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.groups import consumed_offsets
-from pyspark_kafkalog.cluster.maintenance import delete_records, delete_records_dry_run
-from pyspark_kafkalog.cluster.offset_json import load_offset_json, parse_offset_json
+from pyspark_kafkalog.client.groups import consumed_offsets
+from pyspark_kafkalog.maintenance.retention import delete_records, delete_records_dry_run
+from pyspark_kafkalog.client.offset_json import load_offset_json, parse_offset_json
 from pyspark_kafkalog.errors import InvalidConfigError
 
 

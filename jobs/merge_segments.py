@@ -7,7 +7,7 @@ Each task takes a group of partitions and, for each, deletes what earlier merges
 file.delete.delay.ms has passed, merges runs of small committed segments into segments of up
 to segment.bytes, and publishes each partition's merges with one merge_segments entry
 (docs/protocol.md §4.1). A run killed at any point is finished by the next one. The rule itself
-is ``pyspark_kafkalog.cluster.maintenance.merge_segments``, the same as ``kafkalog cleanup``
+is ``pyspark_kafkalog.maintenance.retention.merge_segments``, the same as ``kafkalog cleanup``
 runs; this job is for clusters too large for one process.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 from _common import report, spark_fan_out, spark_session
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.maintenance import merge_segments, offline_error
+from pyspark_kafkalog.maintenance.retention import merge_segments, offline_error
 
 
 def run(url: str, *, topics=None, lag_ms=None, delay_ms=None, spark=None,

@@ -5,7 +5,7 @@
 Planning (reading each segment's largest timestamp and size) runs on the executors, one task per
 group of partitions; the driver then raises every log start offset in ONE metadata entry, and the
 file deletions fan out again. A run killed at any point is finished by the next one. The rule
-itself is ``pyspark_kafkalog.cluster.maintenance.retention``, the same as ``kafkalog retention``.
+itself is ``pyspark_kafkalog.maintenance.retention.retention``, the same as ``kafkalog retention``.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 from _common import report, spark_fan_out, spark_session
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.maintenance import retention
+from pyspark_kafkalog.maintenance.retention import retention
 from pyspark_kafkalog.errors import OfflineLogDirError
 
 

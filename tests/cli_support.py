@@ -64,7 +64,7 @@ def fill_big_topic(url: str, records: int) -> None:
     100-byte records written again and again, which takes well under a second) and an empty
     topic ``e``: what the memory-bound tests of consume read."""
     from pyspark_kafkalog.admin import Admin
-    from pyspark_kafkalog.cluster.producer import Producer
+    from pyspark_kafkalog.client.producer import Producer
     from pyspark_kafkalog.format.records import Record
     admin = Admin(url)
     admin.create_topic("m")

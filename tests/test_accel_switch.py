@@ -27,14 +27,14 @@ SWITCHES = {
                   "print(m.COLUMNAR is not None, m.ENCODE is not None)",
     "record loop": "from pyspark_kafkalog.format import columnar as m, _columnar_py as py; "
                    "print(m.ACCELERATED, m._scan_v2 is not py.scan_v2)",
-    "Arrow read route": "from pyspark_kafkalog.format import arrow_decode as m; "
+    "Arrow read route": "from pyspark_kafkalog.arrow import arrow_decode as m; "
                         "print(m.AVAILABLE, m.decode_spark_arrays(b'', with_headers=False) "
                         "is not None)",
-    "records encoder": "from pyspark_kafkalog.format import arrow_encode as m; "
+    "records encoder": "from pyspark_kafkalog.arrow import arrow_encode as m; "
                        "print(m.ACCELERATED, m._encode_records is not None)",
-    "murmur2": "from pyspark_kafkalog.format import arrow_encode as m; "
+    "murmur2": "from pyspark_kafkalog.arrow import arrow_encode as m; "
                "print(m._murmur2_hashes is not None, m._murmur2_partitions is not None)",
-    "sink accumulator": "from pyspark_kafkalog.format import accumulate as m; "
+    "sink accumulator": "from pyspark_kafkalog.arrow import accumulate as m; "
                         "a = m.new_accumulator('t', 2, magic=2, compression=0, level=None, "
                         "batch_records=10, batch_size=1000, max_message_bytes=10000); "
                         "print(m._Accumulator is not None, type(a) is m.BatchAccumulator)",

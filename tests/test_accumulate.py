@@ -1,4 +1,4 @@
-"""The sink's accumulators (``format/accumulate.py``) and the piece encoder they share.
+"""The sink's accumulators (``arrow/accumulate.py``) and the piece encoder they share.
 
 ``BatchAccumulator`` (C ``_encode_accel.Accumulator``) and ``PieceAccumulator`` (the Python
 reference) close the same batches, byte for byte, while ``max.message.bytes`` does not bind;
@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from kafka.record.memory_records import MemoryRecords
 from pyspark_kafkalog.errors import RecordTooLargeError
-from pyspark_kafkalog.format import accumulate, codecs
-from pyspark_kafkalog.format.accumulate import BatchAccumulator, PieceAccumulator, records_limit
-from pyspark_kafkalog.format.arrow_encode import (HEADER_TYPE, EncodeInput, Piece,
+from pyspark_kafkalog.arrow import accumulate
+from pyspark_kafkalog.format import codecs
+from pyspark_kafkalog.arrow.accumulate import BatchAccumulator, PieceAccumulator, records_limit
+from pyspark_kafkalog.arrow.arrow_encode import (HEADER_TYPE, EncodeInput, Piece,
                                                   encode_pieces, encode_v2_chunks,
                                                   estimated_sizes, slice_pieces, take_pieces)
 from pyspark_kafkalog.format.batch import V2_HEADER_SIZE
@@ -391,7 +392,7 @@ def test_accumulator_checks_its_arguments():
 REENTRANT = """
 import sys, numpy as np, pyarrow as pa
 from pyspark_kafkalog.format import _encode_accel as C
-from pyspark_kafkalog.format.arrow_encode import v2_header
+from pyspark_kafkalog.arrow.arrow_encode import v2_header
 from pyspark_kafkalog.format.columnar import decode_records
 one = lambda n, v: (pa.nulls(n, pa.binary()), pa.array(v), np.arange(n, dtype=np.int64), None,
                     None, np.zeros(n, np.int64), np.full(n, 10, np.int64))

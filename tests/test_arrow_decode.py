@@ -1,4 +1,4 @@
-"""The fast Arrow route of the reader (``format/arrow_decode.py``) against the general decoder.
+"""The fast Arrow route of the reader (``arrow/arrow_decode.py``) against the general decoder.
 
 The fast route may decline a run (it returns None and the reader uses ``decode_columns``), but
 when it answers, its Arrow batch must equal what the general decoder gives for the same bytes,
@@ -16,11 +16,12 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import CASES, GOLDEN
 from test_columnar_accel import CODECS, mutate, v2_batches
-from pyspark_kafkalog.cluster.range_reader import (_assemble, _Constants, arrow_schema,
+from pyspark_kafkalog.connector.range_reader import (_assemble, _Constants, arrow_schema,
                                                    to_record_batch)
 from pyspark_kafkalog.errors import CorruptRecordError, KafkaLogError
-from pyspark_kafkalog.format import arrow_decode, codecs
-from pyspark_kafkalog.format.arrow_decode import decode_spark_arrays
+from pyspark_kafkalog.arrow import arrow_decode
+from pyspark_kafkalog.format import codecs
+from pyspark_kafkalog.arrow.arrow_decode import decode_spark_arrays
 from pyspark_kafkalog.format.batch import V2_HEADER_SIZE, iter_headers
 from pyspark_kafkalog.format.columnar import decode_columns
 from pyspark_kafkalog.format.crc import crc32c

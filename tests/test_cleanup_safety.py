@@ -21,8 +21,8 @@ import pytest
 
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.actions import Abort
-from pyspark_kafkalog.cluster.consumer import iter_records
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.consumer import iter_records
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.format.records import Record
 
 HERE = Path(__file__).resolve().parent

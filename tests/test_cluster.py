@@ -10,7 +10,7 @@ from pyspark_kafkalog.cluster import actions as A
 from pyspark_kafkalog.admin import Admin, TopicPartition as TP
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.metalog import MetadataLog
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.errors import (FencedLeaderEpochError, InvalidConfigError, InvalidTopicError,
                                      OffsetOutOfRangeError, TopicAlreadyExistsError,
                                      TopicAuthorizationFailedError, UnknownTopicOrPartitionError)
@@ -469,7 +469,7 @@ def test_groups_commit_describe_reset(admin):
 
 
 def test_retention_planned_before_a_topic_was_recreated_touches_nothing(admin):
-    from pyspark_kafkalog.cluster.maintenance import apply_retention, plan_retention
+    from pyspark_kafkalog.maintenance.retention import apply_retention, plan_retention
     admin.create_topic("t", configs={"retention.ms": 1000, "segment.bytes": 100})
     for i in range(3):
         admin.produce("t", [Record(b"k", b"v" * 40, 10_000 * (i + 1))])

@@ -20,7 +20,7 @@ from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cli import cluster_maint
 from pyspark_kafkalog.cli.main import main
 from pyspark_kafkalog.cli.progress import Progress
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.format.records import Record
 
 COMMANDS = ["topics", "produce", "consume", "offsets", "delete-records", "retention", "groups",

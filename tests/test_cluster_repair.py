@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.errors import (CorruptRecordError, OffsetOutOfRangeError,
                                      UnsupportedVersionError)
 from pyspark_kafkalog.format.batch import iter_headers
@@ -85,9 +85,9 @@ def consumed_offsets(out: str):
 
 def spark_less_read(root: Path):
     """The Spark source's executor half, without Spark: plan the topic, read every range."""
-    from pyspark_kafkalog.cluster.range_reader import read_range
-    from pyspark_kafkalog.cluster.read_plan import plan
-    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.connector.range_reader import read_range
+    from pyspark_kafkalog.connector.read_plan import plan
+    from pyspark_kafkalog.connector.sources import open_source
     from pyspark_kafkalog.spark.read_options import ReadOptions
     opts = ReadOptions.parse({"path": str(root), "assign": '{"t": [0]}'})
     return [(o, v) for task in plan(open_source(str(root)), opts)
@@ -351,9 +351,9 @@ def test_a_damaged_segment_names_the_read_only_check_first(tmp_path):
     assert "never on a broker's" not in msg
     # the same damage in a plain Kafka log dir (a copy of the partition)
     import shutil
-    from pyspark_kafkalog.cluster.range_reader import read_range
-    from pyspark_kafkalog.cluster.read_plan import plan
-    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.connector.range_reader import read_range
+    from pyspark_kafkalog.connector.read_plan import plan
+    from pyspark_kafkalog.connector.sources import open_source
     from pyspark_kafkalog.spark.read_options import ReadOptions
     copy = tmp_path / "copy"
     shutil.copytree(damaged.parent, copy / "t-0")

@@ -1,6 +1,6 @@
 """A flush writes its partitions' segments at once (``Storage.concurrent_writes``).
 
-``segment_writer.run_all`` must really run the jobs together, and must not return or raise
+``write_pool.run_all`` must really run the jobs together, and must not return or raise
 before every one of them has ended: ``Producer.write`` aborts after a failure by deleting the
 files that the partitions' jobs recorded, so a job still running would leave its files behind.
 With one partition failing while another is still writing, nothing may be left on storage and
@@ -20,9 +20,9 @@ import pytest
 
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.format.records import Record
-from pyspark_kafkalog.log.segment_writer import WRITE_THREADS, run_all
+from pyspark_kafkalog.log.write_pool import WRITE_THREADS, run_all
 from pyspark_kafkalog.storage.base import Storage
 from pyspark_kafkalog.storage.local import LocalStorage
 from spool_support import segment_files, temp_files
@@ -34,8 +34,8 @@ PARTITIONS = 4
 def small_partitions_concurrent_too(monkeypatch):
     """These tests are about the concurrent path, with partitions of tens of KB, which a
     write now runs one by one (``CONCURRENT_MIN_BYTES``): lower the bar for them."""
-    from pyspark_kafkalog.log import segment_writer
-    monkeypatch.setattr(segment_writer, "CONCURRENT_MIN_BYTES", 0)
+    from pyspark_kafkalog.log import write_pool
+    monkeypatch.setattr(write_pool, "CONCURRENT_MIN_BYTES", 0)
 
 
 def test_run_all_runs_the_jobs_together_and_waits_for_every_one_before_raising():
@@ -162,12 +162,12 @@ def test_small_partitions_are_written_in_the_calling_thread_large_ones_on_the_po
     """Page-cache writes of small partitions have no device wait to overlap (their files are
     synced together afterwards), only Python work contending for the GIL; from 1 MiB per
     partition on average (O_DIRECT segments) the pool overlaps the waits."""
-    from pyspark_kafkalog.cluster import producer as producer_module
-    from pyspark_kafkalog.log import segment_writer
-    monkeypatch.setattr(segment_writer, "CONCURRENT_MIN_BYTES", 1 << 20)
-    assert not segment_writer.worth_concurrent(4 * (1 << 20) - 1, 4)
-    assert segment_writer.worth_concurrent(4 * (1 << 20), 4)
-    assert not segment_writer.worth_concurrent(8 << 20, 1)
+    from pyspark_kafkalog.client import producer as producer_module
+    from pyspark_kafkalog.log import write_pool
+    monkeypatch.setattr(write_pool, "CONCURRENT_MIN_BYTES", 1 << 20)
+    assert not write_pool.worth_concurrent(4 * (1 << 20) - 1, 4)
+    assert write_pool.worth_concurrent(4 * (1 << 20), 4)
+    assert not write_pool.worth_concurrent(8 << 20, 1)
     seen = []
     real = producer_module.run_all
     monkeypatch.setattr(producer_module, "run_all",

@@ -21,7 +21,7 @@ import pytest
 
 from cli_support import REPO, fill_big_topic, peak_rss_kb, run_cli, run_main
 from pyspark_kafkalog.admin import Admin, TopicPartition
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.errors import InvalidConfigError, UnknownTopicIdError
 from pyspark_kafkalog.format.records import Record
 

@@ -17,8 +17,8 @@ import pytest
 from cli_support import fill_big_topic, peak_rss_kb
 from pyspark_kafkalog.admin import Admin, TopicPartition
 from pyspark_kafkalog.cli.main import main
-from pyspark_kafkalog.cluster.groups import MAX_GROUP_ID_LENGTH, GroupStore, validate_group_id
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.groups import MAX_GROUP_ID_LENGTH, GroupStore, validate_group_id
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.errors import (InvalidConfigError, InvalidGroupIdError, KafkaLogError,
                                      UnknownTopicOrPartitionError)
 from pyspark_kafkalog.format.records import Record
@@ -193,7 +193,7 @@ def test_admin_consume_max_records_and_errors(admin):
 def test_a_fetch_is_decoded_a_run_of_batches_at_a_time(admin):
     """A megabyte fetch of small records would be tens of thousands of objects: the consumer
     decodes it in runs of batches of about ``max_records`` records."""
-    from pyspark_kafkalog.cluster import consumer as cons
+    from pyspark_kafkalog.client import consumer as cons
     admin.create_topic("u")
     Producer(admin.cluster).produce("u", [Record(None, b"w%d" % i, 2_000) for i in range(30)],
                                     batch_records=10)          # one segment, three batches

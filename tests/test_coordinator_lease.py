@@ -32,7 +32,7 @@ from pyspark_kafkalog.cluster import features
 from pyspark_kafkalog.cluster import lease as L
 from pyspark_kafkalog.cluster import state as S
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.metadata_check import verify
+from pyspark_kafkalog.maintenance.metadata_check import verify
 from pyspark_kafkalog.cluster.state import ClusterState
 from pyspark_kafkalog.errors import (CoordinatorLeaseHeldError, FencedCoordinatorError,
                                      UnsupportedVersionError)

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.spark_job import job_producer_id
+from pyspark_kafkalog.connector.spark_job import job_producer_id
 from pyspark_kafkalog.errors import (CorruptRecordError, InvalidConfigError, KafkaLogError,
                                      OffsetOutOfRangeError)
 from pyspark_kafkalog.log.config import LogConfig

@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from test_columnar_accel import BYTES, HEADERS, TIMESTAMPS
 from pyspark_kafkalog.errors import InvalidRecordError
-from pyspark_kafkalog.format import accel, arrow_encode, codecs
-from pyspark_kafkalog.format.arrow_encode import (HEADER_TYPE, chunk_bounds, encode_v2_chunks,
+from pyspark_kafkalog.arrow import arrow_encode
+from pyspark_kafkalog.format import accel, codecs
+from pyspark_kafkalog.arrow.arrow_encode import (HEADER_TYPE, chunk_bounds, encode_v2_chunks,
                                                   estimated_sizes)
 from pyspark_kafkalog.format.batch import V2_HEADER_SIZE
 from pyspark_kafkalog.format.columnar import decode_records

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.errors import CorruptRecordError
 from pyspark_kafkalog.format import batch
 from pyspark_kafkalog.format.batch import EntryScan, iter_headers, scan_entries, scan_offsets
@@ -231,9 +231,9 @@ def make_cluster(root: Path) -> Admin:
 
 def spark_less_read(root: Path, **kwargs):
     """The Spark source's executor half, without Spark: plan the topic, read every range."""
-    from pyspark_kafkalog.cluster.range_reader import read_range
-    from pyspark_kafkalog.cluster.read_plan import plan
-    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.connector.range_reader import read_range
+    from pyspark_kafkalog.connector.read_plan import plan
+    from pyspark_kafkalog.connector.sources import open_source
     from pyspark_kafkalog.spark.read_options import ReadOptions
     opts = ReadOptions.parse({"path": str(root), "assign": '{"t": [0]}'})
     return [o for task in plan(open_source(str(root)), opts)

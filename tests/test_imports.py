@@ -1,6 +1,6 @@
 """The package's imports follow its architecture (README.md, "Layout"): no import cycles between
-modules, imports only down the layers ``format → storage → log → cluster → coordinator →
-spark / admin / cli``, and no private name (``_x``) imported from another module.
+modules, imports only down the layers ``format → arrow / storage → log → cluster →
+maintenance → client → connector → coordinator → spark / admin / cli``, and no private name (``_x``) imported from another module.
 
 Read from the source with ``ast``, both module-level imports and those inside functions: an
 import moved into a function to dodge a cycle is still the cycle, and a cycle is what makes a
@@ -25,9 +25,9 @@ ROOT = PACKAGE.name   # "pyspark_kafkalog"
 #: line users add) is the top, except that anything may read its metadata (``__version__``):
 #: importing any module runs the package's ``__init__`` first anyway, and it imports nothing
 #: until ``register`` is called.
-LAYERS = {"format": 1, "storage": 2, "log": 3, "cluster": 4, "coordinator": 5,
-          "spark": 6, "admin": 6, "cli": 6}
-BOTTOM, TOP = 0, 7
+LAYERS = {"format": 1, "arrow": 2, "storage": 2, "log": 3, "cluster": 4, "maintenance": 5,
+          "client": 6, "connector": 7, "coordinator": 8, "spark": 9, "admin": 9, "cli": 9}
+BOTTOM, TOP = 0, 10
 #: Imports between packages of one layer that are allowed: the CLI calls the admin API (one
 #: implementation of every rule, README.md). The Spark source and the admin API are separate
 #: front ends over the layers below, and neither uses the CLI.
@@ -244,8 +244,9 @@ def test_no_import_cycles():
 
 def test_imports_go_down_the_layers():
     bad = against_layers(EDGES)
-    assert not bad, _report("imports against the layer order format → storage → log → cluster "
-                            "→ coordinator → spark / admin / cli (cli may use admin):",
+    assert not bad, _report("imports against the layer order format → arrow / storage → log → "
+                            "cluster → maintenance → client → connector → coordinator → "
+                            "spark / admin / cli (cli may use admin):",
                             map(str, bad))
 
 
@@ -284,10 +285,15 @@ def test_the_layer_rule_for_the_package_itself(a, name, ok):
 
 
 @pytest.mark.parametrize("a, b, ok", [
-    ("storage.local", "format.arena", True),
+    ("storage.local", "format.crc", True),
+    ("storage.local", "arrow.buffer_pool", False),
+    ("connector.spark_job", "client.producer", True),
+    ("client.consumer", "maintenance.repair", True),
+    ("maintenance.retention", "client.producer", False),
+    ("cluster.state", "maintenance.repair", False),
     ("log.segment", "storage.base", True),
     ("cli.produce", "admin", True),
-    ("spark.reader", "cluster.read_plan", True),
+    ("spark.reader", "connector.read_plan", True),
     ("format.batch", "errors", True),
     ("format.encode", "log.segment", False),
     ("errors", "format.records", False),
@@ -304,9 +310,9 @@ def test_the_layer_rule(a, b, ok):
 
 
 @pytest.mark.parametrize("edge, ok", [
-    (_edge("format.accumulate", "format.arrow_encode", "_v2_header"), False),
+    (_edge("arrow.accumulate", "arrow.arrow_encode", "_v2_header"), False),
     (_edge("storage.local_spool", "storage.local", "_writev_all", in_function=True), False),
-    (_edge("format.arrow_encode", "format.accel", "ENCODE"), True),
+    (_edge("arrow.arrow_encode", "format.accel", "ENCODE"), True),
     (_edge("format.columnar", "format._columnar_py"), True),        # its own package's
     (_edge("format.accel", "format._encode_accel"), True),
     (_edge("log.segment", "format._columnar_py"), False),           # another package's
@@ -314,3 +320,15 @@ def test_the_layer_rule(a, b, ok):
 ])
 def test_the_private_name_rule(edge, ok):
     assert (private_imports([edge]) == []) is ok
+
+
+def test_storage_loads_without_pyarrow():
+    """The storage layer is what every process loads first, including the coordinator's
+    short-lived clients: it must not pull in pyarrow (an import of a few hundred ms and MBs)."""
+    import subprocess
+    import sys
+    code = ("import sys; import pyspark_kafkalog.storage, pyspark_kafkalog.storage.local, "
+            "pyspark_kafkalog.storage.posix_io, pyspark_kafkalog.storage.fsspec_backends; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyarrow'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

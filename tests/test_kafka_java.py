@@ -33,7 +33,7 @@ import pytest
 from conftest import DAMAGED, GOLDEN, UNDAMAGED, expected_records, write
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.format import checkpoint as ckpt
-from pyspark_kafkalog.format.arrow_encode import partitions_for_keys
+from pyspark_kafkalog.arrow.arrow_encode import partitions_for_keys
 from pyspark_kafkalog.format.encode import encode_batch_v2, encode_control_batch, encode_records
 from pyspark_kafkalog.format.records import CONTROL_ABORT, CONTROL_COMMIT, Record
 from pyspark_kafkalog.log.config import LogConfig
@@ -318,7 +318,7 @@ def test_sink_puts_keyed_rows_where_kafkas_java_producer_does(ks, tmp_path, kafk
 
 @pytest.mark.parametrize("magic_version", ["3.0-IV1", "0.10.2", "0.9.0"])
 def test_merged_segments_read_in_kafka(tmp_path, kafka_check, magic_version):
-    from pyspark_kafkalog.cluster.maintenance import merge_segments
+    from pyspark_kafkalog.maintenance.retention import merge_segments
     admin = Admin(str(tmp_path / "c"))
     admin.create_topic("m", 2, configs={"message.format.version": magic_version,
                                         "index.interval.bytes": "256",

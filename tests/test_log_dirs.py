@@ -38,7 +38,7 @@ from pyspark_kafkalog.cluster import actions as A
 from pyspark_kafkalog.cluster import features
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.log_dirs import assign_replicas_to_log_dirs
-from pyspark_kafkalog.cluster.metadata_check import verify
+from pyspark_kafkalog.maintenance.metadata_check import verify
 from pyspark_kafkalog.errors import (InconsistentClusterIdError, InvalidConfigError,
                                      InvalidReplicationFactorError, InvalidRequestError,
                                      KafkaStorageError, LogDirNotEmptyError,

@@ -1,4 +1,4 @@
-"""DeleteRecords (KIP-107) and retention have one implementation (cluster/maintenance.py): its dry
+"""DeleteRecords (KIP-107) and retention have one implementation (maintenance/retention.py): its dry
 runs change nothing and predict the real run, its per-partition work goes through the fan-out the
 caller passes (and survives pickling, as on Spark executors), and a topic recreated between
 planning and applying is left alone."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster import maintenance as M
+from pyspark_kafkalog.maintenance import retention as M
 from pyspark_kafkalog.format.records import Record
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"

@@ -9,7 +9,7 @@ import pytest
 
 from pyspark_kafkalog.cluster import metalog
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.cluster.state import ClusterState
 from pyspark_kafkalog.format.records import Record
 
@@ -131,7 +131,7 @@ def test_a_snapshot_follows_the_entry_that_leaves_too_much_to_replay(tmp_path, m
     SNAPSHOT_REPLAY_CHANGES partition changes to replay (docs/protocol.md §2): a log of
     1,000-partition jobs stays cheap to open. Scaled down: 10 partitions, a limit of 45."""
     from pyspark_kafkalog.cluster.metalog import SNAPSHOT_REPLAY_CHANGES
-    from pyspark_kafkalog.cluster.metadata_check import verify
+    from pyspark_kafkalog.maintenance.metadata_check import verify
     assert SNAPSHOT_REPLAY_CHANGES == 20_000
     monkeypatch.setattr(metalog, "SNAPSHOT_REPLAY_CHANGES", 45)
     url = str(tmp_path / "c")

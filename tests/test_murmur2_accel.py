@@ -22,8 +22,9 @@ from hypothesis import given, settings, strategies as st
 from kafka.partitioner.default import murmur2 as kp_murmur2
 
 from test_encode_accel import FakeArray   # the C checks take array look-alikes
-from pyspark_kafkalog.format import accel, arrow_encode
-from pyspark_kafkalog.format.arrow_encode import murmur2_array, partitions_for_keys
+from pyspark_kafkalog.arrow import arrow_encode
+from pyspark_kafkalog.format import accel
+from pyspark_kafkalog.arrow.arrow_encode import murmur2_array, partitions_for_keys
 from pyspark_kafkalog.format.partitioner import murmur2, partition_for_key
 
 try:
@@ -235,7 +236,7 @@ def test_inputs_the_c_code_does_not_take_behave_as_before(case):
 
 @needs_c
 def test_choose_partitions_is_the_same_on_both_paths():
-    from pyspark_kafkalog.cluster.arrow_writer import Sticky, choose_partitions
+    from pyspark_kafkalog.connector.arrow_writer import Sticky, choose_partitions
     rng = random.Random(3)
     keys = pa.array([None if rng.random() < 0.3 else rng.randbytes(rng.randrange(0, 20))
                      for _ in range(2000)], pa.binary())

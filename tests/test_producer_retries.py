@@ -9,7 +9,7 @@ import pytest
 
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster import actions as A
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.errors import (FencedLeaderEpochError, KafkaStorageError,
                                      NotEnoughReplicasError, RecordTooLargeError)
 from pyspark_kafkalog.format.records import Record

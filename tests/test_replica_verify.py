@@ -292,7 +292,7 @@ def test_a_planner_never_creates_a_registered_root_again(tmp_path):
     """Found by tests/test_nemesis.py: planning a read (a batch read, a streaming query's
     micro-batch) of a partition led on another root opened that root as storage
     (``sources.cached_storage``), which made it again, empty, where it had been moved away."""
-    from pyspark_kafkalog.cluster.sources import ClusterSource
+    from pyspark_kafkalog.connector.sources import ClusterSource
     from pyspark_kafkalog.errors import KafkaLogError
     admin, rep, clock = setup(tmp_path, partitions=2)
     replicas = admin.cluster.state().topics["t"]["replicas"]

@@ -526,9 +526,9 @@ def test_reads_while_the_leaders_root_is_away_are_storage_errors_not_data_loss(t
     follower, not lost: readers get a retriable KafkaStorageError, and a Spark-style read with
     failOnDataLoss=false does not skip it (found by tests/test_replication_failover.py)."""
     import pytest
-    from pyspark_kafkalog.cluster.range_reader import read_range
-    from pyspark_kafkalog.cluster.read_plan import plan
-    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.connector.range_reader import read_range
+    from pyspark_kafkalog.connector.read_plan import plan
+    from pyspark_kafkalog.connector.sources import open_source
     from pyspark_kafkalog.errors import KafkaStorageError
     from pyspark_kafkalog.spark.read_options import ReadOptions
     admin, rep, clock = setup(tmp_path, partitions=1)
@@ -552,7 +552,7 @@ def test_a_merge_leaves_every_isr_member_byte_identical_and_copies_follow_it(tmp
     """Segment merges (protocol §4.1) of a replicated partition replace the same files with the
     same bytes on the leader and every in-sync follower; a follower that was out of the ISR
     meanwhile copies the leader's merged file over its own smaller one when it returns."""
-    from pyspark_kafkalog.cluster.maintenance import merge_segments
+    from pyspark_kafkalog.maintenance.retention import merge_segments
     admin, rep, clock = setup(tmp_path, partitions=1)
     for i in range(12):
         produce(admin, 1, i)

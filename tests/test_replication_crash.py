@@ -49,7 +49,7 @@ from procs.torture_common import complete_json_lines, make_key, value_for
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.isr import replica_end
-from pyspark_kafkalog.cluster.metadata_check import verify
+from pyspark_kafkalog.maintenance.metadata_check import verify
 from pyspark_kafkalog.cluster.metalog import LOG_DIR, entry_name, parse_json
 from pyspark_kafkalog.cluster.state import ClusterState
 from pyspark_kafkalog.format.records import Record

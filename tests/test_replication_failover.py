@@ -57,7 +57,7 @@ from coordinator_support import eventually as poll_until
 
 from procs.torture_common import complete_json_lines, value_for
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.metadata_check import verify
+from pyspark_kafkalog.maintenance.metadata_check import verify
 from pyspark_kafkalog.cluster.metalog import LOG_DIR, entry_name, parse_json
 from pyspark_kafkalog.cluster.state import ClusterState
 

@@ -15,8 +15,8 @@ from cli_support import run_main
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster import actions as A
 from pyspark_kafkalog.cluster.features import SEGMENT_MERGE
-from pyspark_kafkalog.cluster.producer import Producer
-from pyspark_kafkalog.cluster.maintenance import merge_segments
+from pyspark_kafkalog.client.producer import Producer
+from pyspark_kafkalog.maintenance.retention import merge_segments
 from pyspark_kafkalog.errors import InvalidConfigError, InvalidRequestError
 from pyspark_kafkalog.format.encode import (encode_batch_v2, encode_control_batch,
                                             encode_records)
@@ -244,9 +244,9 @@ def test_a_reader_that_listed_before_a_merge_finishes_on_the_old_files(admin, tm
 
 
 def test_a_spark_range_planned_before_a_merge_reads_every_record_once(admin):
-    from pyspark_kafkalog.cluster.range_reader import read_range
-    from pyspark_kafkalog.cluster.read_plan import plan
-    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.connector.range_reader import read_range
+    from pyspark_kafkalog.connector.read_plan import plan
+    from pyspark_kafkalog.connector.sources import open_source
     from pyspark_kafkalog.spark.read_options import ReadOptions
     _produce_singles(admin, "t", 60, partitions=2)
     url = admin.cluster.url
@@ -313,7 +313,7 @@ def test_a_merger_killed_between_its_log_and_its_indexes_is_mended(admin, tmp_pa
     assert (d / SM.marker_name(0)).exists() and not any(m.rebuilt for m in young)
     old = 2e9
     os.utime(d / SM.marker_name(0), (old - 3600, old - 3600))
-    import pyspark_kafkalog.cluster.segment_merges as M
+    import pyspark_kafkalog.maintenance.segment_merges as M
     passes = [M.merge_partition(admin.cluster, admin.cluster.state(), "t", 0, now_s=old,
                                 lag_ms=10**12, delay_ms=0)]
     assert passes[0].rebuilt == [f"{rel}/{0:020d}"]
@@ -324,7 +324,7 @@ def test_a_merger_killed_between_its_log_and_its_indexes_is_mended(admin, tmp_pa
 
 
 def test_a_late_merger_does_not_publish_over_a_newer_merge(admin, monkeypatch):
-    import pyspark_kafkalog.cluster.segment_merges as M
+    import pyspark_kafkalog.maintenance.segment_merges as M
     _produce_singles(admin, "t", 20)
     expected = _records(admin, "t", 0)
     clock = [1000.0]
@@ -373,7 +373,7 @@ def test_readers_and_merges_running_together_see_every_record_once(tmp_path):
 
 def test_with_no_delay_the_covered_go_in_the_same_pass_however_long_it_takes(admin, tmp_path):
     import time as _time
-    import pyspark_kafkalog.cluster.segment_merges as M
+    import pyspark_kafkalog.maintenance.segment_merges as M
     _produce_singles(admin, "t", 20)
     d = tmp_path / "c" / "logdir-0" / "t-0"
     long_ago = _time.time() - 100

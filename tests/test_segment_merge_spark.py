@@ -9,7 +9,7 @@ import time
 import pytest
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.maintenance import merge_segments
+from pyspark_kafkalog.maintenance.retention import merge_segments
 from pyspark_kafkalog.format.records import Record
 
 pytestmark = pytest.mark.spark

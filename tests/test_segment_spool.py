@@ -18,10 +18,10 @@ import pyarrow as pa
 import pytest
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.arrow_writer import TaskWriter
+from pyspark_kafkalog.connector.arrow_writer import TaskWriter
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.producer import Producer
-from pyspark_kafkalog.cluster.spark_job import commit_job, job_producer_id
+from pyspark_kafkalog.client.producer import Producer
+from pyspark_kafkalog.connector.spark_job import commit_job, job_producer_id
 from pyspark_kafkalog.errors import AlreadyExistsError
 from pyspark_kafkalog.format.encode import assign_log_append_time, assign_offsets, encode_records
 from pyspark_kafkalog.format.records import CREATE_TIME, LOG_APPEND_TIME, Record

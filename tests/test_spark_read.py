@@ -14,7 +14,7 @@ import pytest
 
 from conftest import GOLDEN, UNDAMAGED, expected_records
 from pyspark_kafkalog.admin import Admin, TopicPartition
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.errors import InvalidConfigError, OffsetOutOfRangeError
 from pyspark_kafkalog.format.records import Record
 
@@ -148,7 +148,7 @@ def cluster(tmp_path_factory):
 def test_schema_is_sparks_kafka_schema(kspark):
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from pyspark_kafkalog.cluster.range_reader import arrow_schema
+    from pyspark_kafkalog.connector.range_reader import arrow_schema
     from pyspark_kafkalog.spark.schema import kafka_schema
     for headers in (False, True):
         assert to_arrow_schema(kafka_schema(headers), timezone="UTC").equals(arrow_schema(headers))
@@ -323,9 +323,9 @@ def test_data_deleted_between_planning_and_reading(cluster, tmp_path):
     """Executors read what the driver planned; segments deleted meanwhile are data loss."""
     import shutil
 
-    from pyspark_kafkalog.cluster.range_reader import read_range
-    from pyspark_kafkalog.cluster.read_plan import plan
-    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.connector.range_reader import read_range
+    from pyspark_kafkalog.connector.read_plan import plan
+    from pyspark_kafkalog.connector.sources import open_source
     from pyspark_kafkalog.spark.read_options import ReadOptions
     root = tmp_path / "copy"
     shutil.copytree(cluster["root"], root)
@@ -345,9 +345,9 @@ def test_range_reads_chunk_by_chunk_and_map_only_cluster_segments(cluster, max_b
     """Chunks of any size (down to one batch at a time, the ``position`` path and its
     fallback) give exactly the planned range; a cluster's immutable segments are read through
     a mapping, a Kafka log dir's (possibly a live broker's) never are."""
-    from pyspark_kafkalog.cluster.range_reader import read_range
-    from pyspark_kafkalog.cluster.read_plan import Bounds, plan
-    from pyspark_kafkalog.cluster.sources import open_source
+    from pyspark_kafkalog.connector.range_reader import read_range
+    from pyspark_kafkalog.connector.read_plan import Bounds, plan
+    from pyspark_kafkalog.connector.sources import open_source
     from pyspark_kafkalog.spark.read_options import ReadOptions
     from pyspark_kafkalog.storage.local import LocalStorage
     mapped = []

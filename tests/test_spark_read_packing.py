@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from pyspark_kafkalog.cluster.read_plan import ReadTask, pack, range_bytes
-from pyspark_kafkalog.cluster.sources import PartitionHandle
+from pyspark_kafkalog.connector.read_plan import ReadTask, pack, range_bytes
+from pyspark_kafkalog.connector.sources import PartitionHandle
 
 MB = 1 << 20
 
@@ -44,7 +44,7 @@ def test_many_small_ranges_share_a_task_charged_their_open_cost():
 def test_the_default_open_cost_packs_a_thousand_small_partitions_onto_the_cores():
     """kafkalog's own default (64KB, measured: docs/performance.md) rather than Spark's 4MB:
     1,000 partitions of 100KB on two cores make two or three tasks, not 32."""
-    from pyspark_kafkalog.cluster.read_plan import DEFAULT_OPEN_COST_IN_BYTES
+    from pyspark_kafkalog.connector.read_plan import DEFAULT_OPEN_COST_IN_BYTES
     from pyspark_kafkalog.spark.read_options import ReadOptions
     assert DEFAULT_OPEN_COST_IN_BYTES == 64 << 10
     assert ReadOptions.parse({"path": "/x", "subscribe": "t"}).open_cost_in_bytes == 64 << 10
@@ -128,7 +128,7 @@ PARTITIONS, PER = 12, 30
 @pytest.fixture(scope="module")
 def many(tmp_path_factory):
     from pyspark_kafkalog.admin import Admin
-    from pyspark_kafkalog.cluster.producer import Producer
+    from pyspark_kafkalog.client.producer import Producer
     from pyspark_kafkalog.format.records import Record
     root = tmp_path_factory.mktemp("packing")
     admin = Admin(str(root))

@@ -24,9 +24,9 @@ from cli_support import run_main
 from conftest import write
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster import features
-from pyspark_kafkalog.cluster.arrow_writer import TaskWriter
+from pyspark_kafkalog.connector.arrow_writer import TaskWriter
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.spark_job import (commit_stream_batch, parse_stream_producer,
+from pyspark_kafkalog.connector.spark_job import (commit_stream_batch, parse_stream_producer,
                                                 stream_producer_id)
 from pyspark_kafkalog.cluster.state import split_key
 from pyspark_kafkalog.errors import UnsupportedVersionError
@@ -328,7 +328,7 @@ def test_old_decision_markers_are_swept_at_most_every_ten_minutes(tmp_path, monk
     """A stream decides a batch every few seconds: its markers go after an hour (a job's after
     a day), and the folder is listed at most once per interval, not at every commit."""
     import time as _time
-    from pyspark_kafkalog.cluster import spark_job as sj
+    from pyspark_kafkalog.connector import spark_job as sj
     cluster = Cluster(str(tmp_path))
     jobs = tmp_path / "_kafkalog" / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)

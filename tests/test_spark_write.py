@@ -34,10 +34,10 @@ from kafka.record.memory_records import MemoryRecords
 from conftest import write
 from coordinator_support import eventually
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.arrow_writer import TaskWriter
+from pyspark_kafkalog.connector.arrow_writer import TaskWriter
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.errors import InvalidConfigError, KafkaLogError
-from pyspark_kafkalog.format.arrow_encode import (HEADER_TYPE, chunk_bounds, encode_v2_chunks,
+from pyspark_kafkalog.arrow.arrow_encode import (HEADER_TYPE, chunk_bounds, encode_v2_chunks,
                                                   estimated_sizes, murmur2_array,
                                                   partitions_for_keys, to_records)
 from pyspark_kafkalog.format.batch import iter_headers
@@ -596,7 +596,7 @@ def test_row_errors_in_a_task(tmp_path):
 def test_timestamp_columns_of_every_unit_sliced_and_with_nulls(tmp_path, unit):
     """CreateTime is the column in ms (read in place when it has no nulls, so a slice's offset
     must be honoured), or the write time where it is null."""
-    from pyspark_kafkalog.cluster.spark_job import commit_job
+    from pyspark_kafkalog.connector.spark_job import commit_job
     root = str(tmp_path / "c")
     admin = Admin(root)
     admin.create_topic("t", 1)

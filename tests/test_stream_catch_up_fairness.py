@@ -19,7 +19,7 @@ import time
 import pytest
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.stream_plan import (SourceOffset, advance_gaps, batch_ranges,
+from pyspark_kafkalog.connector.stream_plan import (SourceOffset, advance_gaps, batch_ranges,
                                                    open_gaps)
 from pyspark_kafkalog.spark.read_options import ReadOptions
 from pyspark_kafkalog.spark.stream_reader import KafkaLogStreamReader

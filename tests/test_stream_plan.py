@@ -1,8 +1,8 @@
-"""The streaming planner's rules on their own (cluster/stream_plan.py): offsets JSON, admission
+"""The streaming planner's rules on their own (connector/stream_plan.py): offsets JSON, admission
 control never above its limits, and batch ranges that follow from two offsets alone."""
 from hypothesis import given, settings, strategies as st
 
-from pyspark_kafkalog.cluster.stream_plan import (Limits, SourceOffset, admit, batch_ranges,
+from pyspark_kafkalog.connector.stream_plan import (Limits, SourceOffset, admit, batch_ranges,
                                                    limit_bytes, limit_rows)
 
 TP = [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2)]

@@ -9,7 +9,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadMaxBytes, Re
                                               ReadMinRows)
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.stream_plan import SourceOffset
+from pyspark_kafkalog.connector.stream_plan import SourceOffset
 from pyspark_kafkalog.errors import InvalidConfigError, OffsetOutOfRangeError
 from pyspark_kafkalog.spark.read_options import ReadOptions
 from pyspark_kafkalog.spark.stream_reader import KafkaLogStreamReader

@@ -35,7 +35,7 @@ from procs.torture_common import (ALL_TPS, TOPIC_CONFIGS, TOPICS, PARTITIONS, ch
                                   complete_json_lines, value_for)
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.consumer import iter_records
+from pyspark_kafkalog.client.consumer import iter_records
 from pyspark_kafkalog.errors import OffsetOutOfRangeError
 
 SCALE = int(os.environ.get("KAFKALOG_TORTURE_SCALE", "1"))
@@ -767,7 +767,7 @@ def test_reader_whose_state_predates_a_deletion_gets_offset_out_of_range(tmp_pat
         list(iter_records(view, 2))
     assert [r.offset for r in iter_records(view, 3)] == [3]
     # an aborted range is a gap, not a deletion: reading across it is no error
-    from pyspark_kafkalog.cluster.producer import Producer
+    from pyspark_kafkalog.client.producer import Producer
     producer = Producer(cluster)
     producer.abort([producer.write({("d", 0): producer.encode("d", [Record(b"x", b"y")])})])
     admin.produce("d", [Record(b"k5", b"v")], partition=0)

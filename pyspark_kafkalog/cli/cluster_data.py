@@ -8,7 +8,7 @@ import sys
 import time
 
 from ..coordinator.follow import DEFAULT_POLL_INTERVAL_MS
-from ..cluster.acks import parse_acks
+from ..client.acks import parse_acks
 from ..errors import (InvalidConfigError, InvalidRecordError, TopicAuthorizationFailedError,
                       UnknownTopicOrPartitionError)
 from ..format import codecs
@@ -157,8 +157,8 @@ def run_consume(args) -> int:
     right after a flush; a closed pipe or Ctrl-C commits that snapshot and nothing beyond it.
     A follower flushes whenever it has caught up, since its output is watched as it comes, and
     Ctrl-C is how it normally ends: exit 0."""
-    from ..cluster.consumer import parse_start
-    from ..cluster.groups import validate_group_id
+    from ..client.consumer import parse_start
+    from ..client.groups import validate_group_id
     validate_topic_name(args.topic)
     non_negative(args.partition, "--partition")
     non_negative(args.max_records, "--max-records", 1)

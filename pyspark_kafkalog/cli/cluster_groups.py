@@ -1,7 +1,7 @@
 """``kafkalog --cluster URL groups``: kafka-consumer-groups.sh for offsets committed on storage."""
 from __future__ import annotations
 
-from ..cluster.groups import validate_group_id
+from ..client.groups import validate_group_id
 from ..errors import InvalidConfigError
 from ..format.checkpoint import validate_topic_name
 from .cluster_common import OUTPUT_HELP, columns, emit_rows, only_with, open_admin, require, say

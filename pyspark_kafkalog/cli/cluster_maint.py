@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import List
 
-from ..cluster.maintenance import offline_error
-from ..cluster.offset_json import OFFSET_FILE_EXAMPLE, load_offset_json
+from ..maintenance.retention import offline_error
+from ..client.offset_json import OFFSET_FILE_EXAMPLE, load_offset_json
 from ..errors import InvalidConfigError, OfflineLogDirError
 from .cluster_common import OUTPUT_HELP, columns, emit_rows, open_admin, parse_configs, say
 from .progress import Progress

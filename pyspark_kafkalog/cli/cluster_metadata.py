@@ -31,7 +31,7 @@ def add_parser(sub, parents) -> None:
 
 
 def run_metadata(args) -> int:
-    from ..cluster.metadata_check import repair, verify
+    from ..maintenance.metadata_check import repair, verify
     from ..errors import InvalidConfigError
     if args.dry_run and not args.repair:
         raise InvalidConfigError("--dry-run goes with --repair")

@@ -22,7 +22,7 @@ from ..format.batch import (LENGTH_OFFSET, LOG_OVERHEAD, MAGIC_V2, scan_entries,
                             torn_error)
 from ..format.checkpoint import parse_partition_metadata
 from ..log.partition import PARTITION_METADATA_FILE
-from ..log.segment_writer import SharedPool
+from ..log.write_pool import SharedPool
 from ..log.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, segment_name
 from ..storage.base import Storage
 

@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Callable, Dict, List, Optional
 
-from ..cluster.consumer import Consumer, fetch_chunks
+from ..client.consumer import Consumer, fetch_chunks
 from ..errors import (InvalidConfigError, KafkaStorageError, OffsetOutOfRangeError,
                       UnknownTopicIdError)
 from .cluster_positions import ClusterPositions

@@ -4,8 +4,8 @@ A Kafka broker's ``LogManager`` runs retention every ``log.retention.check.inter
 rewrites its checkpoint files every ``log.flush.offset.checkpoint.interval.ms``; kafkalog has no
 broker, so without this nothing runs them unless someone runs ``kafkalog retention``/``cleanup``
 or the spark-submit jobs. The scheduler only decides *when*: every job calls the rule that the
-CLI, the Admin API and ``jobs/`` call (``cluster.maintenance``, ``cluster.checkpoints``,
-``cluster.groups.consumed_offsets``), so a rule still lives in one place.
+CLI, the Admin API and ``jobs/`` call (``maintenance.retention``, ``cluster.checkpoints``,
+``client.groups.consumed_offsets``), so a rule still lives in one place.
 
 The scheduler knows nothing of leases: the coordinator service calls
 :meth:`MaintenanceScheduler.tick` only while it holds the lease, and passes ``active`` so that a
@@ -15,7 +15,7 @@ deposed, so it is never caught here: it reaches the service, which fences itself
 the lease holder is about not doing the work twice, not about correctness: every job here is safe
 when two processes run it at once, or when a deposed coordinator finishes a run it started before
 its lease lapsed (see docs/user-guide.md, "Scheduled maintenance", and
-``cluster/maintenance.py``): log start offsets only ever rise through the metadata log, and a file
+``maintenance/retention.py``): log start offsets only ever rise through the metadata log, and a file
 is deleted only on the metadata's positive evidence that no reader may select it.
 
 ``tick`` runs the due jobs one after another in the caller's thread; retention or cleanup over
@@ -31,9 +31,9 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..cluster.checkpoints import sync_checkpoints
 from ..cluster.config import read_properties_file
-from ..cluster.flush import flush_logs
-from ..cluster.groups import consumed_offsets, validate_group_id
-from ..cluster.maintenance import (FanOut, collect_garbage, delete_records, offline_error,
+from ..maintenance.flush import flush_logs
+from ..client.groups import consumed_offsets, validate_group_id
+from ..maintenance.retention import (FanOut, collect_garbage, delete_records, offline_error,
                                    retention, serial)
 from ..errors import FencedCoordinatorError, InvalidConfigError, KafkaLogError, OfflineLogDirError
 from ..format.checkpoint import validate_topic_name

@@ -118,7 +118,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_encode_accel",
-    "C twins of pyspark_kafkalog.format.arrow_encode's numpy kernels: the records section built\n"
+    "C twins of pyspark_kafkalog.arrow.arrow_encode's numpy kernels: the records section built\n"
     "by encode_v2_chunks, and Kafka's murmur2 partitioner (murmur2_array, partitions_for_keys).",
     -1, methods, NULL, NULL, NULL, NULL,
 };

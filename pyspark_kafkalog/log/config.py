@@ -92,7 +92,7 @@ class LogConfig:
         before its commit (docs/protocol.md §3, "Durability"). Kafka forces a flush once
         ``flush.messages`` records are unflushed; here each write's segment files are its own,
         so the count is the write's. ``flush.ms`` = 0 leaves no record unflushed for any time.
-        A larger ``flush.ms`` is the coordinator's scheduled flush (``cluster/flush.py``), as
+        A larger ``flush.ms`` is the coordinator's scheduled flush (``maintenance/flush.py``), as
         it is Kafka's log flusher."""
         return records >= self.flush_messages or self.flush_ms == 0
 

@@ -1,6 +1,6 @@
 """Merging runs of adjacent small segments into one: the byte half of a segment merge
 (docs/protocol.md §4.1). No metadata here: which runs may be merged, the action that publishes
-a merge and the deletion of what it covers are ``cluster/segment_merges.py``'s.
+a merge and the deletion of what it covers are ``maintenance/segment_merges.py``'s.
 
 Every segment file is immutable, so a partition that is written in small commits (a streaming
 query's micro-batches, single-record produces) gets a segment per commit, and every reader,

@@ -26,8 +26,8 @@ from ..format.batch import V2_HEADER_SIZE
 from ..format.encode import EncodedBatch
 from .config import LogConfig
 from .segment import LOG_SUFFIX, segment_name
-from .segment_writer import (SharedPool, create_segment_file, delete_quietly,
-                             plan_segments, segment_files)
+from .segment_writer import create_segment_file, delete_quietly, plan_segments, segment_files
+from .write_pool import SharedPool
 
 SPOOL_HINT = "spool.log"
 

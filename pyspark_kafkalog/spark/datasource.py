@@ -5,7 +5,8 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 
 from ..errors import KafkaLogError
-from .options import ReadOptions, WriteOptions
+from .read_options import ReadOptions
+from .write_options import WriteOptions
 from .schema import kafka_schema
 from .surface import failed_stream_reader, surfaces_errors
 

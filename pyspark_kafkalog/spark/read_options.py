@@ -114,7 +114,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 
-from ..cluster.read_plan import (DEFAULT_MAX_PARTITION_BYTES, DEFAULT_OPEN_COST_IN_BYTES,
+from ..connector.read_plan import (DEFAULT_MAX_PARTITION_BYTES, DEFAULT_OPEN_COST_IN_BYTES,
                                  EARLIEST, LATEST, OffsetLimit, Subscription)
 from ..errors import InvalidConfigError
 
@@ -380,7 +380,7 @@ def _check_names(opts: Dict[str, str]) -> None:
 
 @dataclass
 class ReadOptions:
-    """Parsed read options; the fields ``cluster.read_plan.plan`` uses are named as it says."""
+    """Parsed read options; the fields ``connector.read_plan.plan`` uses are named as it says."""
 
     path: Optional[str] = None
     subscription: Optional[Subscription] = None
@@ -523,7 +523,7 @@ def _streaming_options(out: "ReadOptions", opts: Dict[str, str]) -> None:
         raise _err("minOffsetsPerTrigger", opts["minoffsetspertrigger"],
                    f"must not be above maxOffsetsPerTrigger ({out.max_offsets_per_trigger})")
     if "kafka.group.id" in opts:
-        from ..cluster.groups import validate_group_id
+        from ..client.groups import validate_group_id
         out.group_id = validate_group_id(opts["kafka.group.id"])
     if "groupidprefix" in opts:
         out.group_id_prefix = opts["groupidprefix"]

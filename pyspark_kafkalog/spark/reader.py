@@ -1,13 +1,13 @@
 """``spark.read.format("kafkalog")``: the DataSourceReader, a thin shell over the layers below.
 
 * ``pushFilters`` turns Spark's filters on ``topic``, ``partition``, ``offset`` and
-  ``timestamp`` into :class:`~pyspark_kafkalog.cluster.read_plan.Bounds`;
+  ``timestamp`` into :class:`~pyspark_kafkalog.connector.read_plan.Bounds`;
 * ``partitions`` (driver side, in a planning worker) plans offset ranges with
-  :func:`~pyspark_kafkalog.cluster.read_plan.plan` and packs them into input partitions with
-  :func:`~pyspark_kafkalog.cluster.read_plan.pack` (``maxPartitionBytes``, ``openCostInBytes``):
+  :func:`~pyspark_kafkalog.connector.read_plan.plan` and packs them into input partitions with
+  :func:`~pyspark_kafkalog.connector.read_plan.pack` (``maxPartitionBytes``, ``openCostInBytes``):
   a Python task's fixed cost is paid per input partition, not per Kafka partition;
 * ``read`` (executors) re-opens storage from the URL and yields Arrow record batches through
-  :func:`~pyspark_kafkalog.cluster.range_reader.read_range`, one packed range after another.
+  :func:`~pyspark_kafkalog.connector.range_reader.read_range`, one packed range after another.
 
 Which filters go back to Spark: exact narrowing (``topic`` =/IN, ``partition`` =/IN/comparisons,
 ``offset`` =/comparisons, IS NOT NULL on never-null columns) is fully handled here. ``offset IN``
@@ -27,9 +27,9 @@ from pyspark.sql.datasource import (DataSourceReader, EqualNullSafe, EqualTo, Gr
                                     GreaterThanOrEqual, In, InputPartition, IsNotNull, LessThan,
                                     LessThanOrEqual)
 
-from ..cluster.read_plan import Bounds, ReadSplit, ReadTask, pack, plan
-from ..cluster.range_reader import read_range
-from ..cluster.sources import CLUSTER, ClusterSource, normalize_url, open_source
+from ..connector.read_plan import Bounds, ReadSplit, ReadTask, pack, plan
+from ..connector.range_reader import read_range
+from ..connector.sources import CLUSTER, ClusterSource, normalize_url, open_source
 from ..errors import InvalidConfigError, OffsetOutOfRangeError
 from ..log.segment import ReadStats
 from . import worker_gc

@@ -7,7 +7,7 @@ the DataFrame *before* the write so that all rows of a Kafka partition meet in o
 
 * The target partition of each row is computed as the sink computes it (explicit ``partition``
   kept, Kafka's murmur2 of the key, sticky runs for unkeyed rows). With PySpark >= 4.1 this is an
-  Arrow UDF over the key column only (the murmur2 of ``format.arrow_encode``, in C when built;
+  Arrow UDF over the key column only (the murmur2 of ``arrow.arrow_encode``, in C when built;
   no pandas, which ``mapInArrow`` would need); PySpark 4.0 has no Arrow UDF, and there Kafka's
   murmur2 is evaluated by Spark SQL itself (``kafka_partition``: higher-order functions, slower).
   Both are bit-identical to the Java producer (tested against kafka-python).
@@ -122,7 +122,7 @@ def _arrow_assign(counts: Dict[str, int], base: Dict[str, int], tasks: int, keys
                ) -> Iterator[pa.Array]:
         from pyspark import TaskContext
 
-        from ..cluster.arrow_writer import Sticky, choose_partitions, explicit_partitions
+        from ..connector.arrow_writer import Sticky, choose_partitions, explicit_partitions
         ctx = TaskContext.get()
         start = spark_hash_int(ctx.partitionId() if ctx else 0) & 0x7FFFFFFF
         sticky: Dict[str, Sticky] = {}

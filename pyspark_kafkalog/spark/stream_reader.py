@@ -7,7 +7,7 @@ Python process per query, so that process holds the query's incremental fetch se
 last one and compares only the partitions they touched. ``read`` runs in executors, on a pickled
 copy that carries the options only.
 
-What a batch reads follows from its start and end offsets alone (``cluster.stream_plan``), so a
+What a batch reads follows from its start and end offsets alone (``connector.stream_plan``), so a
 batch Spark replays after a crash reads the same records.
 """
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               ReadMaxRows, ReadMinRows,
                                               SupportsTriggerAvailableNow)
 
-from ..cluster.range_reader import missing_committed, missing_committed_message
-from ..cluster.read_plan import ReadSplit, ReadTask, pack, range_bytes, split, starting_offset
-from ..cluster.sources import INTERNAL_TOPICS, ClusterSource, open_source
-from ..cluster.stream_plan import (Limits, SourceOffset, admit, advance_gaps, batch_ranges,
+from ..connector.range_reader import missing_committed, missing_committed_message
+from ..connector.read_plan import ReadSplit, ReadTask, pack, range_bytes, split, starting_offset
+from ..connector.sources import INTERNAL_TOPICS, ClusterSource, open_source
+from ..connector.stream_plan import (Limits, SourceOffset, admit, advance_gaps, batch_ranges,
                                    open_gaps)
 from ..errors import (InvalidConfigError, KafkaLogError, OffsetOutOfRangeError,
                       UnknownTopicOrPartitionError)
@@ -537,7 +537,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         positions = offset.committed_positions()
         if positions == self._group_committed:
             return
-        from ..cluster.groups import GroupStore, OffsetAndMetadata
+        from ..client.groups import GroupStore, OffsetAndMetadata
         self._open()
         state = self._positions.state
         offsets = {}

@@ -26,7 +26,7 @@ from typing import Iterator, List, Optional
 
 from pyspark.sql.datasource import DataSourceStreamArrowWriter
 
-from ..cluster.spark_job import abort_stream_batch, commit_stream_batch, stream_producer_id
+from ..connector.spark_job import abort_stream_batch, commit_stream_batch, stream_producer_id
 from ..errors import InvalidConfigError, InvalidRequestError
 from .surface import surfaces_errors
 from .write_options import WriteOptions

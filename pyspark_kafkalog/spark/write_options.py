@@ -108,7 +108,7 @@ from typing import Dict, Mapping, Optional
 from ..errors import InvalidConfigError
 from ..format import codecs
 from ..format.checkpoint import validate_topic_name
-from ..cluster.acks import parse_acks
+from ..client.acks import parse_acks
 from .read_options import client_options
 from ..log.config import LogConfig, magic_for_format_version
 

@@ -1,6 +1,6 @@
 """``df.write.format("kafkalog")``: the batch sink, and the shuffle helper that goes with it.
 
-Thin by design: each task hands its Arrow batches to ``cluster.arrow_writer.TaskWriter`` (encode
+Thin by design: each task hands its Arrow batches to ``connector.arrow_writer.TaskWriter`` (encode
 per partition, reserve, write final segments) and returns the pending writes as its commit
 message; the driver commits all of them in one metadata entry (``commit_job``), so a job's
 records appear at once, or aborts them (``abort_job``). Options: ``spark.write_options``.
@@ -28,11 +28,11 @@ from typing import Iterator, List, Optional
 
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from ..cluster.arrow_writer import COLUMNS, IGNORED_COLUMNS, TaskWriter, check_schema
-from ..cluster.spark_job import (abort_job, commit_job, ensure_topic, job_producer_id,
+from ..connector.arrow_writer import COLUMNS, IGNORED_COLUMNS, TaskWriter, check_schema
+from ..connector.spark_job import (abort_job, commit_job, ensure_topic, job_producer_id,
                                  open_cluster_for_write)
 from ..cluster.cluster import Cluster
-from ..cluster.producer import PendingWrite
+from ..client.producer import PendingWrite
 from ..cluster.quotas import PRODUCE
 from ..coordinator.quota_client import ThrottleStats, planned_coordinator
 from ..errors import InvalidConfigError

@@ -11,7 +11,7 @@ import stat
 import threading
 from typing import Optional
 
-from ..format.arena import huge_page_mapping
+from ..huge_pages import huge_page_mapping
 
 # errno values meaning "this filesystem cannot hard-link" (FAT, some FUSE/SMB mounts), as opposed
 # to "the target exists" (EEXIST) or a real I/O failure.

@@ -27,8 +27,8 @@ import traceback
 from procs.torture_common import ALL_TPS, TOPICS, emit, make_key, now_ms, value_for
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.cluster.consumer import iter_records, resolve_offset
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.consumer import iter_records, resolve_offset
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.errors import FencedLeaderEpochError, KafkaLogError, OffsetOutOfRangeError
 from pyspark_kafkalog.format.records import Record
 
@@ -164,7 +164,7 @@ def merger(root, wid, seed):
     is for a partition nothing else deletes from: a retention that judged a merged segment's
     first file before the merge replaced it could delete the merged one just as its covered
     segments go; the delay is what outlasts such a stale judgement, as in Kafka.)"""
-    from pyspark_kafkalog.cluster.maintenance import merge_segments
+    from pyspark_kafkalog.maintenance.retention import merge_segments
     cluster = Cluster(root)
     rng = random.Random(int(seed))
     while True:
@@ -248,7 +248,7 @@ def tailer(root, out_path, stop_path):
 def zombie(root, timeout_ms, topic, n, go, commit_go):
     """Producer.write whose segment writing stalls after the first segment until GO exists (the
     test freezes us there with SIGSTOP), then writes the rest, waits for COMMIT_GO and commits."""
-    import pyspark_kafkalog.cluster.producer as producer_module
+    import pyspark_kafkalog.client.producer as producer_module
     from pyspark_kafkalog.log.segment_writer import plan_segments, write_segments
 
     def stalling_write_segments(storage, dir_path, batches, config, **kw):

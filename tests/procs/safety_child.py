@@ -24,7 +24,7 @@ import time
 import traceback
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.producer import Producer
+from pyspark_kafkalog.client.producer import Producer
 from pyspark_kafkalog.errors import KafkaLogError
 from pyspark_kafkalog.format.records import Record
 

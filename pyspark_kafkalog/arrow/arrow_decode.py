@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from . import accel, codecs
-from .crc import package_crc32c as crc32c
-from .records import MAGIC_V2
+from ..format import accel, codecs
+from ..format.crc import package_crc32c as crc32c
+from ..format.records import MAGIC_V2
 
 #: The C route (``_columnar_accel.scan_run_arrow``), or None.
 _scan_run_arrow = getattr(accel.COLUMNAR, "scan_run_arrow", None)

@@ -119,7 +119,7 @@ class PartitionHandle:
             else cached_storage(self.url, self.storage_options)
         config = LogConfig.from_properties(self.configs)
         if self.kind == CLUSTER:
-            from .state import PartitionState
+            from ..cluster.state import PartitionState
             ps = PartitionState.from_json(self.state)
             return PartitionLog(storage, self.dir, config, log_start_offset=ps.log_start_offset,
                                 stats=stats, segment_filter=ps.segment_visible,
@@ -159,7 +159,7 @@ class ClusterSource(ReadSource):
         """``cluster`` and ``state``: plan against a state the caller already holds (a
         streaming query's, refreshed incrementally) instead of replaying the log again."""
         super().__init__(url, storage_options)
-        from .cluster import Cluster
+        from ..cluster.cluster import Cluster
         self.cluster = cluster or Cluster(url, create=False, **self.storage_options)
         self.state = state if state is not None else self.cluster.state()   # one for the plan
 
@@ -227,7 +227,7 @@ def open_source(url: str, storage_options: Optional[Dict[str, str]] = None, *,
                 read_to_log_end: bool = False) -> ReadSource:
     """Open ``url`` as a cluster root if it has ``_kafkalog/cluster.json``, else as a Kafka log
     dir. Nothing is created: a missing path is an error."""
-    from .cluster import CLUSTER_FILE
+    from ..cluster.cluster import CLUSTER_FILE
     url = normalize_url(url)
     local = _local_path(url)
     if local is not None and not os.path.isdir(local):

@@ -22,11 +22,12 @@ from ..format.encode import (EncodedBatch, assign_log_append_time, assign_offset
 from ..format.partitioner import RoundRobin, partition_for_key
 from ..format.records import LOG_APPEND_TIME, Record
 from ..log.segment_spool import SegmentSpool
-from ..log.segment_writer import run_all, worth_concurrent, write_segments
-from . import actions as A
+from ..log.segment_writer import write_segments
+from ..log.write_pool import run_all, worth_concurrent
+from ..cluster import actions as A
 from .acks import parse_acks, reserve_acks, submit_commit
-from .checkpoints import sync_checkpoints, written_ranges
-from .state import split_key, tp_key
+from ..cluster.checkpoints import sync_checkpoints, written_ranges
+from ..cluster.state import split_key, tp_key
 
 TopicPartition = Tuple[str, int]
 

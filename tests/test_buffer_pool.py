@@ -1,4 +1,4 @@
-"""``format.arena``: batch buffers kept from one task to the next, never overwritten while used.
+"""``arrow.buffer_pool``: batch buffers kept from one task to the next, never overwritten while used.
 
 An arena hands out slices of huge-page chunks and takes them all back at once (``reset``); a
 chunk is reused only when no view of it is left, so a buffer someone still holds keeps its
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pyspark_kafkalog.admin import Admin
-from pyspark_kafkalog.cluster.arrow_writer import TaskWriter
+from pyspark_kafkalog.connector.arrow_writer import TaskWriter
 from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.format import arena
-from pyspark_kafkalog.format.accumulate import _Accumulator
+from pyspark_kafkalog.arrow import buffer_pool as arena
+from pyspark_kafkalog.arrow.accumulate import _Accumulator
 from pyspark_kafkalog.spark.write_options import WriteOptions
 
 MiB = 1 << 20

@@ -13,9 +13,9 @@ from typing import Iterable, List, Optional
 
 from ..errors import (InvalidConfigError, NotEnoughReplicasAfterAppendError,
                       RequestTimedOutError)
-from .features import REPLICATION
-from .isr import acks_all_problem
-from .lease import current_lease
+from ..cluster.features import REPLICATION
+from ..cluster.isr import acks_all_problem
+from ..cluster.lease import current_lease
 
 DEFAULT_ACKS = "all"
 #: Kafka's producer default

@@ -20,8 +20,8 @@ from urllib.parse import quote, unquote
 
 from ..errors import (AlreadyExistsError, CorruptRecordError, GroupIdNotFoundError,
                       InvalidGroupIdError, KafkaStorageError, StorageNotFoundError)
-from .metalog import META_DIR
-from .state import split_key, tp_key
+from ..cluster.metalog import META_DIR
+from ..cluster.state import split_key, tp_key
 
 GROUPS_DIR = f"{META_DIR}/groups"
 _ENTRY = re.compile(r"^(\d{20})\.json$")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from .log_dirs import noting_offline
+from ..cluster.log_dirs import noting_offline
 
 _LONG_MAX = 2**63 - 1
 

@@ -16,7 +16,7 @@ fallback). Both give the same bytes.
 
 Rows buffered per partition as pieces (:class:`Piece`: an input batch and the numbers of its
 rows) are taken and encoded a batch's worth at a time by :func:`encode_pieces`: the route of the
-Python accumulator (``format/accumulate.py``). The Spark sink's usual route is the C
+Python accumulator (``arrow/accumulate.py``). The Spark sink's usual route is the C
 accumulator there, which writes each record straight into its batch as the rows come.
 
 The bytes are exactly what :func:`encode.encode_batch_v2` writes for the same records (tested),
@@ -37,11 +37,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InvalidRecordError
-from . import accel, codecs
-from .batch import LOG_OVERHEAD, V2_CRC_START, V2_HEADER, V2_HEADER_SIZE
-from .crc import crc32c
-from .encode import EncodedBatch, encode_records
-from .records import MAGIC_V2, Record
+from ..format import accel, codecs
+from ..format.batch import LOG_OVERHEAD, V2_CRC_START, V2_HEADER, V2_HEADER_SIZE
+from ..format.crc import crc32c
+from ..format.encode import EncodedBatch, encode_records
+from ..format.records import MAGIC_V2, Record
 
 #: True when :func:`encode_v2_chunks` builds the records section in C.
 ACCELERATED: bool = accel.ENCODE is not None

@@ -29,13 +29,13 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from . import codecs
-from . import accel
+from ..format import codecs
+from ..format import accel
 from .arrow_encode import (EncodeInput, Piece, chunk_bounds, encode_pieces, estimated_sizes,
                            slice_pieces, v2_batch, v2_header)
-from .batch import V2_HEADER_SIZE
-from .encode import EncodedBatch, check_batch_size
-from .records import MAGIC_V2
+from ..format.batch import V2_HEADER_SIZE
+from ..format.encode import EncodedBatch, check_batch_size
+from ..format.records import MAGIC_V2
 
 #: The C accumulator, or None (no compiler, or ``KAFKALOG_PURE_PYTHON=1``); tests swap it.
 _Accumulator = getattr(accel.ENCODE, "Accumulator", None)

@@ -32,11 +32,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..errors import CorruptRecordError, KafkaLogError, KafkaStorageError, StorageNotFoundError
 from ..log import segment_merge as SM
 from ..log.segment import LOG_SUFFIX, LogSegment, segment_name
-from . import actions as A
-from .features import SEGMENT_MERGE
-from .garbage import SEGMENT_SUFFIXES
-from .isr import leader_of
-from .state import ClusterState, tp_key
+from ..cluster import actions as A
+from ..cluster.features import SEGMENT_MERGE
+from ..cluster.garbage import SEGMENT_SUFFIXES
+from ..cluster.isr import leader_of
+from ..cluster.state import ClusterState, tp_key
 
 _log = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ def merge_step(cluster, state: ClusterState, items: Sequence[Tuple[str, int]],
     against ``state``; ``arg``: (lag_ms, delay_ms, log dirs known to be offline). A partition
     whose leader's log dir cannot be reached is skipped and reported with ``offline`` set
     (KIP-112: the others go on)."""
-    from .log_dirs import noting_offline
+    from ..cluster.log_dirs import noting_offline
     lag_ms, delay_ms, known_offline = arg
     offline: Dict[str, str] = {d: "" for d in known_offline}
     clocks: Dict[str, float] = {}

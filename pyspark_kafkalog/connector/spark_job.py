@@ -42,14 +42,14 @@ from typing import Dict, Iterable, List, NamedTuple, Optional
 from ..errors import (FencedLeaderEpochError, InvalidConfigError, KafkaLogError,
                       TopicAlreadyExistsError, UnknownTopicOrPartitionError, error_for)
 from ..log.file_names import parse_segment_file
-from . import actions as A
-from .acks import submit_commit, wait_for_replicas
-from .checkpoints import sync_checkpoints, written_ranges
-from .cluster import CLUSTER_FILE, Cluster
-from .config import CLIENT_SETTINGS
-from .features import STREAMING_SINK
-from .producer import PendingWrite, Producer, all_flushed
-from .state import split_key
+from ..cluster import actions as A
+from ..client.acks import submit_commit, wait_for_replicas
+from ..cluster.checkpoints import sync_checkpoints, written_ranges
+from ..cluster.cluster import CLUSTER_FILE, Cluster
+from ..cluster.config import CLIENT_SETTINGS
+from ..cluster.features import STREAMING_SINK
+from ..client.producer import PendingWrite, Producer, all_flushed
+from ..cluster.state import split_key
 
 log = logging.getLogger(__name__)
 

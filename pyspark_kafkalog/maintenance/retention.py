@@ -19,13 +19,13 @@ from ..errors import (KafkaLogError, KafkaStorageError, OfflineLogDirError,
 from ..log.file_names import log_file_base, parse_segment_file
 from ..log.segment import LogSegment
 from ..progress import tracked
-from . import actions as A
-from .checkpoints import sync_checkpoints
-from .garbage import SEGMENT_SUFFIXES, is_deleted_topic_dir, is_garbage_segment
-from .isr import leader_of
-from .log_dirs import noting_offline
+from ..cluster import actions as A
+from ..cluster.checkpoints import sync_checkpoints
+from ..cluster.garbage import SEGMENT_SUFFIXES, is_deleted_topic_dir, is_garbage_segment
+from ..cluster.isr import leader_of
+from ..cluster.log_dirs import noting_offline
 from .segment_merges import PartitionMerges, merge_step
-from .state import ClusterState, split_key, tp_key
+from ..cluster.state import ClusterState, split_key, tp_key
 
 TopicPartition = Tuple[str, int]
 
@@ -141,7 +141,7 @@ class PartitionWork:
                 "snapshot": self.state.to_snapshot()}
 
     def __setstate__(self, d: dict) -> None:
-        from .cluster import Cluster      # cluster.py imports this module
+        from ..cluster.cluster import Cluster      # cluster.py imports this module
         self.step, self.arg = d["step"], d["arg"]
         self.cluster = Cluster(d["url"], create=False)
         self.state = ClusterState.from_snapshot(d["snapshot"])

@@ -14,10 +14,10 @@ from typing import List, Optional
 
 from ..errors import AlreadyExistsError, KafkaLogError, StorageNotFoundError
 from ..progress import tracked
-from . import snapshots as snaps
-from .actions import check_entry
-from .metalog import LOG_DIR, META_DIR, MetadataLog, entry_name, parse_json, snapshot_name
-from .state import ClusterState
+from ..cluster import snapshots as snaps
+from ..cluster.actions import check_entry
+from ..cluster.metalog import LOG_DIR, META_DIR, MetadataLog, entry_name, parse_json, snapshot_name
+from ..cluster.state import ClusterState
 
 QUARANTINE_DIR = f"{META_DIR}/quarantine"
 

@@ -6,7 +6,7 @@ index interval past the batch holding ``end - 1`` (the next index entry after it
 that batch can end). Reads are whole batches, at most ``max_bytes`` (plus one batch) at a time,
 each starting where the last one stopped; a cluster's immutable segments are read through a
 mapping, anything else into Arrow-pool buffers. Each chunk becomes one Arrow record batch
-through ``format.arrow_decode`` (straight into Spark's layout, in C) or, where that route
+through ``arrow.arrow_decode`` (straight into Spark's layout, in C) or, where that route
 declines, the columnar decoder: records never become Python objects.
 
 Rows come out exactly in Spark's Kafka source schema: key, value, topic, partition, offset,
@@ -33,11 +33,11 @@ from ..errors import (CorruptRecordError, KafkaLogError, MissingCommittedDataErr
                       OffsetOutOfRangeError, StorageNotFoundError)
 from ..log.partition import raise_if_log_dir_away
 from ..format.batch import V2_HEADER_SIZE, read_header, scan_offsets
-from ..format.arrow_decode import decode_spark_arrays
+from ..arrow.arrow_decode import decode_spark_arrays
 from ..format.columnar import arrow_arrays, decode_columns
 from ..log.segment import ReadStats
 from ..log.transactions import aborted_mask
-from .isr import merge_ranges, subtract_ranges
+from ..cluster.isr import merge_ranges, subtract_ranges
 
 DEFAULT_MAX_BYTES = 1 << 20
 _log = logging.getLogger(__name__)
@@ -269,7 +269,7 @@ def _decode(data, task, include_headers: bool, schema, consts: _Constants, start
 def _damaged(handle, seg, exc: CorruptRecordError, position: Optional[int]):
     """A corrupt read as an error naming the segment file and the command that fixes it: the
     cluster's repair, or for a Kafka log dir (a copy; never a live broker's) Kafka's recovery."""
-    from .repair import damaged_segment_error, repair_command
+    from ..maintenance.repair import damaged_segment_error, repair_command
     from .sources import CLUSTER
     if handle.kind == CLUSTER:
         fix = repair_command(handle.url, handle.topic, handle.partition)
@@ -285,7 +285,7 @@ def _current_partition(handle):
     from .sources import CLUSTER
     if handle.kind != CLUSTER:
         return None
-    from .cluster import Cluster
+    from ..cluster.cluster import Cluster
     try:
         cluster = Cluster(handle.url, create=False, shared_state=True, **handle.storage_options)
         return cluster.state().partition(handle.topic, handle.partition)
@@ -299,7 +299,7 @@ def missing_committed_message(topic: str, partition: int, url: str, what: str,
     """The text of a :class:`MissingCommittedDataError` for a read: ``what`` is missing from
     storage while the metadata still holds it (``plural``: them) as committed. ``advice``: name
     failOnDataLoss."""
-    from .repair import repair_command
+    from ..maintenance.repair import repair_command
     fix = repair_command(url.rstrip("/"), topic, partition)
     them = "them" if plural else "it"
     return (f"{topic}-{partition}: {what}, yet the metadata still holds {them} as committed (the "
@@ -319,7 +319,7 @@ def missing_committed(handle, log, start: int, end: int,
     the segment's last entry (a read of its tail; the caller caches it, segment files being
     immutable), or None when it cannot tell, which makes this return nothing for the range (the
     reading task finds what is missing)."""
-    from .partition_state import PartitionState
+    from ..cluster.partition_state import PartitionState
     from .sources import CLUSTER
     if handle.kind != CLUSTER or handle.state is None:
         return []

@@ -12,9 +12,9 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Uni
 from ..errors import InvalidConfigError, OffsetOutOfRangeError, StorageNotFoundError
 from ..format.columnar import Columns
 from ..format.records import DecodedRecord
-from .cluster import PartitionView
+from ..cluster.cluster import PartitionView
 from .groups import GroupStore, OffsetAndMetadata, topic_ids, validate_group_id
-from .repair import names_damaged_segments
+from ..maintenance.repair import names_damaged_segments
 
 EARLIEST, LATEST = "earliest", "latest"
 FETCH_MAX_BYTES = 1 << 20   # per fetch, like Kafka's max.partition.fetch.bytes

@@ -19,43 +19,24 @@ all, and freed after ``IDLE_SECONDS`` unused, so an idle Spark worker gives its 
 """
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import sys
 import threading
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import pyarrow as pa
+
+from ..huge_pages import HUGE_PAGE, huge_page_mapping
 
 #: One mapping; a multiple of the huge page. Batch buffers are about ``batch.size`` (512 KiB),
 #: so a chunk's unused tail is a few percent of it.
 CHUNK = 8 << 20
-_HUGE_PAGE = 2 << 20
 _ALIGN = 64
 #: Idle arenas keep at most this many bytes of chunks in a process.
 RETAIN_BYTES = 256 << 20
 #: ... and only for this long after their last use.
 IDLE_SECONDS = 30.0
-
-
-def huge_page_mapping(size: int) -> Tuple[mmap.mmap, int]:
-    """A private anonymous mapping and the offset in it where ``size`` bytes start, aligned to
-    and advised as transparent huge pages where the OS has them (also the storage's O_DIRECT
-    staging buffers)."""
-    private = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    total = size + _HUGE_PAGE
-    buf = mmap.mmap(-1, total, flags=private) if private else mmap.mmap(-1, total)
-    view = ctypes.c_char.from_buffer(buf)
-    start = -ctypes.addressof(view) % _HUGE_PAGE
-    del view   # a ctypes view holds an export; the chunk's refcount must not count it
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            buf.madvise(mmap.MADV_HUGEPAGE, start, size)
-        except OSError:   # no THP in this kernel: small pages work, only slower
-            pass
-    return buf, start
 
 
 class _Chunk:
@@ -79,8 +60,8 @@ class Arena:
     """
 
     def __init__(self, chunk: int = CHUNK):
-        if chunk <= 0 or chunk % _HUGE_PAGE:
-            raise ValueError(f"chunk must be a positive multiple of {_HUGE_PAGE}, got {chunk}")
+        if chunk <= 0 or chunk % HUGE_PAGE:
+            raise ValueError(f"chunk must be a positive multiple of {HUGE_PAGE}, got {chunk}")
         self.chunk = chunk
         self._chunks: List[_Chunk] = []
         self._i = 0        # the chunk being filled

@@ -1,7 +1,7 @@
 """Rows as Arrow batches to committed Kafka records: the sink's work below the Spark layer.
 
 A Spark write job is one *write unit* of the protocol (docs/protocol.md §3): every task encodes its
-rows per target partition (one accumulator per topic, ``format/accumulate.py``: each record goes
+rows per target partition (one accumulator per topic, ``arrow/accumulate.py``: each record goes
 into its partition's open batch as its input batch comes) and reserves + writes final segments
 (``TaskWriter``), returning the ``PendingWrite``\\ s; the driver commits all of them in one
 metadata entry (``commit_job``) or aborts them (``abort_job``), so the job's records appear all
@@ -29,14 +29,15 @@ import pyarrow.compute as pc
 
 from ..errors import (InvalidConfigError, InvalidRecordError, InvalidTxnStateError,
                       UnknownTopicOrPartitionError, UnsupportedCodecError)
-from ..format import arena, codecs
-from ..format.accumulate import new_accumulator
-from ..format.arrow_encode import HEADER_TYPE, EncodeInput, estimated_sizes, partitions_for_keys
+from ..arrow import buffer_pool
+from ..format import codecs
+from ..arrow.accumulate import new_accumulator
+from ..arrow.arrow_encode import HEADER_TYPE, EncodeInput, estimated_sizes, partitions_for_keys
 from ..format.batch import MAGIC_V2
 from ..format.encode import EncodedBatch
 from ..log.segment_spool import SegmentSpool, SpoolWriter
-from .cluster import Cluster
-from .producer import PendingWrite, Producer
+from ..cluster.cluster import Cluster
+from ..client.producer import PendingWrite, Producer
 from .spark_job import abort_writes, job_decided
 
 TopicPartition = Tuple[str, int]
@@ -216,7 +217,7 @@ class TaskWriter:
         self.state = cluster.state()
         self.targets: Dict[str, TopicTarget] = {}
         self.sticky: Dict[str, Sticky] = {}
-        self.accumulators: Dict[str, object] = {}   # topic -> format.accumulate accumulator
+        self.accumulators: Dict[str, object] = {}   # topic -> arrow.accumulate accumulator
         self.encoded: Dict[TopicPartition, List[EncodedBatch]] = {}
         self.encoded_bytes = 0
         self.pending: List[PendingWrite] = []
@@ -226,7 +227,7 @@ class TaskWriter:
         self.spooling = can if spool is None else bool(spool and can)
         self.spools: Dict[TopicPartition, SegmentSpool] = {}
         self.spool_writer = SpoolWriter()
-        self.arena: Optional[arena.Arena] = None   # uncompressed batches' buffers
+        self.arena: Optional[buffer_pool.Arena] = None   # uncompressed batches' buffers
 
     # -- targets ----------------------------------------------------------------------------
 
@@ -324,14 +325,14 @@ class TaskWriter:
         self._keep(topic, acc.append(data, part, sizes))
 
     def _allocator(self, target: TopicTarget):
-        """Batch buffers from the process's arena (``format.arena``: pages a previous task
+        """Batch buffers from the process's arena (``arrow.buffer_pool``: pages a previous task
         already faulted in) when the batches are sent as built. Compressed batches are new
         buffers, so their raw ones are garbage at once; those stay with Arrow's pool, which
         reuses freed memory, where an arena would only grow until the flush."""
         if target.codec != codecs.NONE:
             return None
         if self.arena is None:
-            self.arena = arena.take()
+            self.arena = buffer_pool.take()
         return self.arena.allocate
 
     # -- batches ----------------------------------------------------------------------------
@@ -412,7 +413,7 @@ class TaskWriter:
         reused (``arena.Arena.reset``), so this is safe even while batches are still held."""
         self.accumulators = {}
         if self.arena is not None:
-            arena.give(self.arena)
+            buffer_pool.give(self.arena)
             self.arena = None
 
     def abort(self) -> None:
