@@ -34,7 +34,7 @@ def register(spark, *, filter_pushdown: bool = False) -> None:
     """
     from .spark import save_mode
     from .spark.datasource import KafkaLogDataSource, KafkaLogPushdownDataSource
-    save_mode.install()
+    save_mode.install(spark)
     if filter_pushdown:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
         spark.dataSource.register(KafkaLogPushdownDataSource.for_session(spark))

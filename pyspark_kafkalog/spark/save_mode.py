@@ -5,11 +5,16 @@ append, so ``df.write.format("kafka").option(...).save()`` works without ``mode`
 refuses ErrorIfExists for every Python data source, in the JVM, before the source sees the write
 (``[UNSUPPORTED_DATA_SOURCE_SAVE_MODE]``); a Python data source only learns ``overwrite`` or not.
 
-So :func:`install` (called by ``pyspark_kafkalog.register``) wraps ``DataFrameWriter.save`` (classic
-and Spark Connect) in the driver: when the writer's format is ``kafkalog`` and its mode is unset,
+So :func:`install` (called by ``pyspark_kafkalog.register``) wraps ``DataFrameWriter.save`` (of
+the session's kind: classic or Spark Connect) in the driver: when the writer's format is ``kafkalog`` and its mode is unset,
 ``error``, ``errorifexists`` or ``default``, the write goes to Spark as an append. Nothing else
 changes: other formats keep Spark's behaviour, Overwrite still reaches the sink (which refuses it:
 a log is append-only), and Ignore is still refused by Spark, as Spark's Kafka sink refuses it.
+Why a class patch and not something narrower: PySpark 4.3 offers a Python data source no hook
+before the JVM checks the save mode, and a writer's format is known only when ``format()`` or
+``save(format=...)`` is called, after the writer exists; the wrappers therefore only record the
+format, mode and options a writer is given and pass every call through unchanged unless the
+format is ``kafkalog``.
 The same wrapper makes the writer's session the thread's active one (``_activate``), so that
 writes from a thread pool find the format, and (classic PySpark) writes a coalesced DataFrame
 when the write should run on fewer tasks (``write_tasks``: ``maxTasks``): it then replays the
@@ -25,15 +30,28 @@ FORMAT = "kafkalog"
 ERROR_IF_EXISTS = frozenset({"error", "errorifexists", "default"})
 
 
-def install() -> None:
-    """Wrap the DataFrameWriter classes this PySpark has (idempotent)."""
-    from pyspark.sql.readwriter import DataFrameWriter
-    _wrap(DataFrameWriter, coalesce=True)
+def install(session=None) -> None:
+    """Wrap the DataFrameWriter class of ``session``'s kind, classic or Spark Connect; with no
+    session, both that this PySpark has (idempotent).
+
+    Connect's client is imported only for a Connect session: importing it in a process without
+    its dependencies (pandas) runs PySpark's doctest guard, which exits the interpreter with
+    status 0, so ``register`` in a plain ``python -c`` script would end the script silently."""
+    if session is None or not is_connect(session):
+        from pyspark.sql.readwriter import DataFrameWriter
+        _wrap(DataFrameWriter, coalesce=True)
+    if session is not None and not is_connect(session):
+        return
     try:
         from pyspark.sql.connect.readwriter import DataFrameWriter as ConnectDataFrameWriter
     except ImportError:            # Spark Connect's client dependencies are not installed
         return
     _wrap(ConnectDataFrameWriter, coalesce=False)
+
+
+def is_connect(session) -> bool:
+    """Whether ``session`` is a Spark Connect session, told without importing Connect."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
 
 
 def append_instead(source, mode) -> bool:
