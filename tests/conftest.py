@@ -1,39 +1,16 @@
 """Shared fixtures: the Kafka-written golden log dir and fresh copies of it."""
 from __future__ import annotations
 
-import base64
-import json
 import os
 import shutil
 import stat
 
 import pytest
 
-from shared_paths import GOLDEN, GOLDEN_CASE_COUNT, IN_CI, SHARED, missing  # noqa: F401
-
-CASES = sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) if GOLDEN.is_dir() else []
-DAMAGED = [c for c in CASES if (GOLDEN / c / "expected-recovery.json").exists()]
-UNDAMAGED = [c for c in CASES if c not in DAMAGED]
-
-
-def expected_records(case: str) -> list:
-    with open(GOLDEN / case / "expected.jsonl") as f:
-        return [json.loads(line) for line in f]
-
-
-def b64(b):
-    return None if b is None else base64.b64encode(b).decode("ascii")
-
-
-def record_json(r, segment=None) -> dict:
-    """A DecodedRecord in the golden expected.jsonl shape."""
-    out = {"offset": r.offset, "timestamp": r.timestamp, "timestampType": r.timestamp_type,
-           "magic": r.magic, "control": r.is_control, "transactional": r.is_transactional,
-           "producerId": r.producer_id, "key": b64(r.key), "value": b64(r.value),
-           "headers": [{"key": k, "value": b64(v)} for k, v in r.headers]}
-    if segment is not None:
-        out = {"segment": segment, **out}
-    return out
+from support.golden import (CASES, DAMAGED, UNDAMAGED, b64, expected_records,  # noqa: F401
+                            record_json)
+from support.shared_paths import GOLDEN, GOLDEN_CASE_COUNT, IN_CI, SHARED, missing  # noqa: F401
+from support.spark_support import write  # noqa: F401
 
 
 @pytest.fixture
@@ -116,9 +93,9 @@ def spark():
 
 @pytest.fixture(scope="session")
 def kafka_check():
-    """Apache Kafka's own classes reading a log dir (tests/kafka_java_support.py); where they
-    cannot be built, skips naming what is missing, or fails in CI."""
-    import kafka_java_support as kj
+    """Apache Kafka's own classes reading a log dir (tests/support/kafka_java_support.py);
+    where they cannot be built, skips naming what is missing, or fails in CI."""
+    import support.kafka_java_support as kj
     try:
         return kj.KafkaCheck(*kj.build())
     except kj.Unavailable as e:
@@ -132,11 +109,3 @@ def ks(spark):
     import pyspark_kafkalog
     pyspark_kafkalog.register(spark)
     return spark
-
-
-def write(df, root, **opts):
-    """``df.write.format("kafkalog")`` to cluster ``root`` with ``opts`` as options."""
-    w = df.write.format("kafkalog").mode("append")
-    for k, v in opts.items():
-        w = w.option(k, str(v))
-    w.save(str(root))

@@ -1,6 +1,6 @@
 /*
  * Reads a Kafka log dir with Apache Kafka's own classes and prints what they saw, one JSON object
- * per line, for tests/test_kafka_java.py to compare with what was written.
+ * per line, for tests/compat/test_kafka_java.py to compare with what was written.
  *
  * Everything that interprets bytes here is Kafka's: FileRecords and its batches (CRC checks,
  * decompression through Kafka's codec wrappers, legacy wrapper offsets, control records),

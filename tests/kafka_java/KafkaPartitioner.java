@@ -1,5 +1,5 @@
 /*
- * Kafka's Java producer's choice of partition for a keyed record, for tests/test_kafka_java.py:
+ * Kafka's Java producer's choice of partition for a keyed record, for tests/compat/test_kafka_java.py:
  * BuiltInPartitioner.partitionForKey, which is toPositive(Utils.murmur2(key)) % numPartitions.
  *
  * Usage: java KafkaPartitioner NUM_PARTITIONS < keys (one base64 key per line) > partitions

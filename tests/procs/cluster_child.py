@@ -1,4 +1,4 @@
-"""Child processes for tests/test_torture.py: real processes writing, deleting, reading a cluster.
+"""Child processes for tests/system/test_torture.py: real processes writing, deleting, reading a cluster.
 
     python cluster_child.py MODE ROOT ARGS...
 

@@ -1,4 +1,4 @@
-"""A process that creates topics on cue, for tests/test_topic_create_race.py.
+"""A process that creates topics on cue, for tests/cluster/test_topic_create_race.py.
 
     python create_child.py ROOT PARTITIONS
 

@@ -1,4 +1,4 @@
-"""Child processes for tests/test_replication_failover.py: a coordinator with a short
+"""Child processes for tests/system/test_replication_failover.py: a coordinator with a short
 ``broker.session.timeout.ms`` and a producer that logs each write unit's outcome with its times.
 The tailing reader is ``replication_child.py tailer``, run as is.
 

@@ -1,4 +1,4 @@
-"""A real process that takes the coordinator lease, for tests/test_coordinator_lease.py.
+"""A real process that takes the coordinator lease, for tests/coordinator/test_coordinator_lease.py.
 
     python lease_child.py race ROOT HOLDER LEASE_MS GO_PREFIX ROUNDS
         per round i: waits for GO_PREFIX-i, acquires once, prints one JSON line

@@ -1,4 +1,4 @@
-"""Child processes for tests/test_replication_crash.py: a coordinator that replicates, a producer
+"""Child processes for tests/system/test_replication_crash.py: a coordinator that replicates, a producer
 and a tailing reader, each a real process the parent kills with SIGKILL (or freezes with
 SIGSTOP) at random moments.
 

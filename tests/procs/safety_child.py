@@ -1,4 +1,4 @@
-"""Child processes for tests/test_cleanup_safety.py: writers, holders and cleaners of one cluster,
+"""Child processes for tests/maintenance/test_cleanup_safety.py: writers, holders and cleaners of one cluster,
 each with its own (possibly skewed) clock.
 
     python safety_child.py MODE ROOT ARGS...

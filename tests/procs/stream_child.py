@@ -1,4 +1,4 @@
-"""Child processes for tests/test_stream_exactly_once.py.
+"""Child processes for tests/system/test_stream_exactly_once.py.
 
     python stream_child.py producer ROOT NAME STOP       produce "NAME-i" records to topic "in"
                                                           until STOP exists; print one line per
