@@ -17,12 +17,13 @@ from ..errors import (FencedLeaderEpochError, InvalidConfigError, InvalidRecordE
                       KafkaLogError, UnknownTopicOrPartitionError)
 from ..errors import error_for
 from ..format import codecs
-from ..format.encode import (EncodedBatch, assign_log_append_time, assign_offsets,
-                             check_batch_size, encode_records)
+from ..format.encode import EncodedBatch, encode_records
 from ..format.partitioner import RoundRobin, partition_for_key
-from ..format.records import LOG_APPEND_TIME, Record
+from ..format.records import Record
 from ..log.segment_spool import SegmentSpool
 from ..log.segment_writer import write_segments
+from ..log import validator
+from ..log.config import LogConfig
 from ..log.write_pool import run_all, worth_concurrent
 from ..cluster import actions as A
 from .acks import parse_acks, reserve_acks, submit_commit
@@ -66,15 +67,14 @@ def check_sizes(state, batches: Mapping[TopicPartition, Sequence[EncodedBatch]])
     """Every batch within its topic's ``max.message.bytes``, checked before anything is reserved
     or written (``format.encode.check_batch_size``; a topic that does not exist is left to the
     reservation to refuse)."""
-    limits: Dict[str, int] = {}
+    limits: Dict[str, LogConfig] = {}
     for (topic, p), bs in batches.items():
         limit = limits.get(topic)
         if limit is None:
             if topic not in state.topics:
                 continue
-            limit = limits[topic] = state.topic_config(topic).max_message_bytes
-        for b in bs:
-            check_batch_size(b, limit, f"{topic}-{p}")
+            limit = limits[topic] = state.topic_config(topic)
+        validator.check_sizes(bs, limit, f"{topic}-{p}")
 
 
 def flushed(state, counts: Mapping[TopicPartition, int], configs: Optional[dict] = None) -> bool:
@@ -216,9 +216,7 @@ class Producer:
                 stamped, nxt = [], start
                 for b in bs:
                     # the batches are handed over: a bytearray one is stamped, not copied
-                    b = assign_offsets(b, nxt, epoch, in_place=True)
-                    if config.message_timestamp_type == LOG_APPEND_TIME:
-                        b = assign_log_append_time(b, now)
+                    b = validator.stamp(b, nxt, epoch, config, now, in_place=True)
                     stamped.append(b)
                     nxt = b.last_offset + 1
                 assert nxt == end, (nxt, end)

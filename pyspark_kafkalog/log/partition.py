@@ -17,10 +17,9 @@ from ..errors import (AlreadyExistsError, CorruptRecordError, InvalidTopicError,
 from ..format import checkpoint as ckpt
 from ..format.batch import iter_headers
 from ..format.columnar import Columns, decode_columns
-from ..format.encode import (EncodedBatch, assign_log_append_time, assign_offsets,
-                             check_batch_size)
-from ..format.records import LOG_APPEND_TIME
+from ..format.encode import EncodedBatch
 from .config import LogConfig
+from .validator import append_time, check_sizes, stamp
 from .file_names import log_file_base, parse_segment_file
 from .segment import (INDEX_SUFFIX, TIMEINDEX_SUFFIX, LogSegment, ReadStats,
                       SegmentRecovery)
@@ -347,7 +346,7 @@ class PartitionLog:
         next_offset = self.log_end_offset
         first = next_offset
         result = AppendResult(first, first - 1)
-        if cfg.message_timestamp_type == LOG_APPEND_TIME:
+        if append_time(cfg, now_ms) is not None:
             result.log_append_time = now_ms
         seg = self.active_segment
         pending: List[bytes] = []
@@ -360,16 +359,13 @@ class PartitionLog:
                 seg.append(b"".join(pending), pending_headers)
             pending, pending_headers, pending_size = [], [], 0
 
-        for batch in batches:   # all checked before any is written, as a broker does
-            check_batch_size(batch, cfg.max_message_bytes, f"{self.topic}-{self.partition}")
+        check_sizes(batches, cfg, f"{self.topic}-{self.partition}")
         for batch in batches:
             size = len(batch.data)
             if size > cfg.segment_bytes:
                 raise RecordTooLargeError(
                     f"batch of {size} bytes exceeds segment.bytes={cfg.segment_bytes}")
-            batch = assign_offsets(batch, next_offset, leader_epoch)
-            if cfg.message_timestamp_type == LOG_APPEND_TIME:
-                batch = assign_log_append_time(batch, now_ms)
+            batch = stamp(batch, next_offset, leader_epoch, cfg, now_ms)
             if seg is None:
                 seg = self._create_segment(next_offset)
                 result.rolled.append(next_offset)
