@@ -69,6 +69,9 @@ setup(
         # the coordinator service only (pyspark_kafkalog/coordinator: RPC and metrics); nothing
         # else imports them
         "grpcio>=1.59",
+        # the coordinator RPC's messages (coordinator/kafkalog_rpc_pb2.py); the generated module
+        # checks the runtime: same major version, at least the protoc's that generated it
+        "protobuf>=7.35.1,<8",
         "prometheus-client>=0.20",
     ],
     extras_require={
@@ -88,6 +91,9 @@ setup(
             "aiobotocore>=3.10",
             "botocore>=1.43.115,<1.43.118",
             "boto3>=1.43.115,<1.43.118",
+            # regenerates coordinator/kafkalog_rpc_pb2.py (tools/gen_rpc_proto.py; a test checks
+            # the committed one is current); pinned, since another protoc writes other bytes
+            "grpcio-tools==1.85.1",
         ],
         "s3": ["s3fs>=2024.2"],
     },

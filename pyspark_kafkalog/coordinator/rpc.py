@@ -1,10 +1,11 @@
-"""The coordinator's RPC: gRPC with JSON messages, server and client.
+"""The coordinator's RPC: gRPC, server and client (docs/protocol.md §11.5).
 
-Why no ``.proto``: the messages are small and few, and a generated module per service would be
-one more build step for every install. gRPC's generic method handlers with JSON serializers keep
-gRPC's wire protocol, its HTTP/2 transport, deadlines, status codes and metadata (which carries
-the token, ``auth.py``), and any gRPC client can call ``/kafkalog.coordinator.Coordinator/Status``
-with a JSON body.
+A request whose metadata names its version (``kafkalog-api-version``) has a protobuf body of
+that version (``kafkalog_rpc.proto``, ``rpc_schema``); one without has a JSON body, the encoding
+of before the schema, which older clients still send and methods added without a schema
+(``add_method``) use. Both reach the same handler as the same dict. A client asks
+``ApiVersions`` once per connection before its first other call, and refuses with
+``UNSUPPORTED_VERSION`` what the coordinator does not serve, before sending it.
 
 Typed errors cross the wire as a status code plus the Kafka error name in the trailing metadata
 ``kafkalog-error``; the client raises the same typed error. A method registered ``mutating`` is
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
 import grpc
 
@@ -25,6 +27,7 @@ from ..errors import (CoordinatorAuthenticationError, CoordinatorNotAvailableErr
                       InvalidConfigError, InvalidRequestError, KafkaLogError, NotControllerError,
                       UnsupportedVersionError, error_for)
 from .auth import TokenInterceptor, call_metadata
+from .rpc_schema import APIS, BOOTSTRAP, VERSION_KEY, requested_version
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,8 @@ class Method:
 def _status_for(exc: KafkaLogError) -> grpc.StatusCode:
     if isinstance(exc, NotControllerError):
         return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(exc, UnsupportedVersionError):
+        return grpc.StatusCode.UNIMPLEMENTED
     if exc.user_error:
         return grpc.StatusCode.INVALID_ARGUMENT
     return grpc.StatusCode.UNAVAILABLE if exc.retriable else grpc.StatusCode.INTERNAL
@@ -99,9 +104,9 @@ class _Dispatch(grpc.GenericRpcHandler):
         method = self._server.methods.get(name[len(prefix):])
         if method is None:
             return None
+        # bytes in and out: which encoding a body has is in the call's metadata
         return grpc.unary_unary_rpc_method_handler(
-            lambda request, context: self._server.call(name, method, request, context),
-            request_deserializer=decode_request, response_serializer=encode)
+            lambda request, context: self._server.call(name, method, request, context))
 
 
 class RpcServer:
@@ -121,19 +126,43 @@ class RpcServer:
             raise InvalidConfigError(f"the coordinator cannot listen on {bind!r}: {exc}") from None
         if not self.port:
             raise InvalidConfigError(f"the coordinator cannot listen on {bind!r}")
+        self.add_method("ApiVersions", self._api_versions)
+
+    def _api_versions(self, request: dict) -> dict:
+        """What this server serves with a schema now (a method added later is listed once
+        added)."""
+        return {"api_versions": [{"name": name, "min_version": APIS[name].min_version,
+                                  "max_version": APIS[name].max_version}
+                                 for name in list(self.methods) if name in APIS]}
 
     def add_method(self, name: str, handler: Callable[[dict], dict], *,
                    mutating: bool = False) -> None:
         self.methods[name] = Method(handler, mutating)
 
-    def call(self, path: str, method: Method, request, context):
+    def call(self, path: str, method: Method, body: bytes, context):
+        name = path.rpartition('/')[2]
         try:
-            if isinstance(request, _Malformed):
-                raise InvalidRequestError(f"{path.rpartition('/')[2]}: {request.problem}")
+            version = requested_version(context.invocation_metadata())
+            api = APIS.get(name) if version is not None else None
+            if api is None:                               # a JSON body
+                request = decode_request(body)
+                if isinstance(request, _Malformed):
+                    raise InvalidRequestError(f"{name}: {request.problem}")
+            elif not api.min_version <= version <= api.max_version:
+                raise UnsupportedVersionError(
+                    f"{name} version {version} is not served here (versions "
+                    f"{api.min_version} to {api.max_version}; ask ApiVersions)")
+            else:
+                request = api.decode_request(body, version)
             if method.mutating and not self._is_active():
                 raise NotControllerError("this coordinator is not the active one (standby or "
                                          "fenced); ask the one the metadata log names")
-            return method.handler(request if isinstance(request, dict) else {})
+            response = method.handler(request)
+            if api is None:
+                return encode(response)
+            # says the body is protobuf: a client of Ping or Status cannot tell otherwise
+            context.send_initial_metadata(((VERSION_KEY, str(version)),))
+            return api.response_to_msg(response).SerializeToString()
         except KafkaLogError as exc:
             context.set_trailing_metadata(((ERROR_KEY, exc.error_name),))
             context.abort(_status_for(exc), str(exc))
@@ -158,14 +187,64 @@ class CoordinatorClient:
         self.timeout_s = timeout_s
         self._metadata = call_metadata(token)
         self._channel = grpc.insecure_channel(address)
+        self._served: Optional[Dict[str, Tuple[int, int]]] = None
+        self._lock = threading.Lock()
 
     def call(self, name: str, request: Optional[dict] = None) -> dict:
-        stub = self._channel.unary_unary(method_path(name), request_serializer=encode,
-                                         response_deserializer=decode)
+        """``name``'s answer to ``request`` (dicts shaped as docs/protocol.md's tables): with
+        the RPC's protobuf messages, at the highest version both sides serve, for an RPC with a
+        schema; as JSON for any other."""
+        api = APIS.get(name)
+        if api is None:
+            stub = self._channel.unary_unary(method_path(name), request_serializer=encode,
+                                             response_deserializer=decode)
+            try:
+                return stub(request or {}, timeout=self.timeout_s, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                raise self._typed(name, exc) from None
+        version = api.max_version if name in BOOTSTRAP else self._version(name)
+        body = api.request_to_msg(request or {}).SerializeToString()
+        stub = self._channel.unary_unary(method_path(name))
         try:
-            return stub(request or {}, timeout=self.timeout_s, metadata=self._metadata)
+            reply, call = stub.with_call(body, timeout=self.timeout_s,
+                                         metadata=self._metadata + ((VERSION_KEY, str(version)),))
         except grpc.RpcError as exc:
             raise self._typed(name, exc) from None
+        if not any(key == VERSION_KEY for key, _ in call.initial_metadata() or ()):
+            # a coordinator older than the schema read the empty body of a bootstrap RPC as
+            # JSON ({}), and answered in JSON
+            return decode(reply)
+        return api.decode_response(reply, self.address)
+
+    def api_versions(self) -> Dict[str, Tuple[int, int]]:
+        """{RPC: (min, max version)} the coordinator serves, asked once per client (one
+        channel: one coordinator process, as discovery checks its epoch)."""
+        with self._lock:
+            if self._served is None:
+                try:
+                    reply = self.call("ApiVersions")
+                except UnsupportedVersionError:
+                    raise UnsupportedVersionError(
+                        f"the coordinator at {self.address} is older than ApiVersions; this "
+                        "client does not guess what it serves: upgrade it") from None
+                self._served = {v["name"]: (v["min_version"], v["max_version"])
+                                for v in reply["api_versions"]}
+            return self._served
+
+    def _version(self, name: str) -> int:
+        """The highest version of ``name`` both sides serve; :class:`UnsupportedVersionError`
+        when there is none."""
+        api = APIS[name]
+        served = self.api_versions().get(name)
+        if served is None:
+            raise UnsupportedVersionError(f"the coordinator at {self.address} does not serve "
+                                          f"{name}")
+        low, high = max(served[0], api.min_version), min(served[1], api.max_version)
+        if low > high:
+            raise UnsupportedVersionError(
+                f"the coordinator at {self.address} serves {name} versions {served[0]} to "
+                f"{served[1]}, this client {api.min_version} to {api.max_version}")
+        return high
 
     def _typed(self, name: str, exc: grpc.RpcError) -> KafkaLogError:
         code, details = exc.code(), exc.details()
