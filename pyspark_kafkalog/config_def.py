@@ -42,9 +42,11 @@ _INTEGER = re.compile(r"[+-]?[0-9]+\Z")
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
 
 
-def invalid(name: str, raw: Any, reason: str) -> InvalidConfigError:
-    """The one error shape for a bad value: Kafka's ``Invalid value X for configuration Y``."""
-    return InvalidConfigError(f"invalid value {raw!r} for {name}: {reason}")
+def invalid(name: str, raw: Any, rule: str) -> InvalidConfigError:
+    """The one error shape for a bad value, naming the config, the rule it breaks and the value
+    (Kafka's ``Invalid value X for configuration Y``): ``segment.bytes must be >= 14 (invalid
+    value '1')``. ``rule`` completes "must be"."""
+    return InvalidConfigError(f"{name} must be {rule} (invalid value {raw!r})")
 
 
 def parse_bool(name: str, raw: Any) -> bool:
@@ -54,36 +56,36 @@ def parse_bool(name: str, raw: Any) -> bool:
     text = str(raw).strip().lower()
     if text in ("true", "false"):
         return text == "true"
-    raise invalid(name, raw, "expected true or false")
+    raise invalid(name, raw, "true or false")
 
 
 def parse_integer(name: str, raw: Any, low: int = LONG_MIN, high: int = LONG_MAX) -> int:
     if isinstance(raw, bool):
-        raise invalid(name, raw, "expected an integer")
+        raise invalid(name, raw, "an integer")
     if isinstance(raw, int):
         value = raw
     else:
         text = str(raw).strip()
         if not _INTEGER.match(text):
-            raise invalid(name, raw, "expected an integer")
+            raise invalid(name, raw, "an integer")
         value = int(text)
     if not low <= value <= high:
-        raise invalid(name, raw, f"out of range {low}..{high}")
+        raise invalid(name, raw, f"an integer in {low}..{high}")
     return value
 
 
 def parse_double(name: str, raw: Any) -> float:
     if isinstance(raw, bool):
-        raise invalid(name, raw, "expected a number")
+        raise invalid(name, raw, "a number")
     if isinstance(raw, (int, float)):
         value = float(raw)
     else:
         text = str(raw).strip()
         if not _DECIMAL.match(text):
-            raise invalid(name, raw, "expected a number")
+            raise invalid(name, raw, "a number")
         value = float(text)
     if not math.isfinite(value):
-        raise invalid(name, raw, "expected a finite number")
+        raise invalid(name, raw, "a finite number")
     return value
 
 
@@ -117,9 +119,9 @@ class Range:
 
     def __call__(self, name: str, value: Any, raw: Any) -> None:
         if self.low is not None and value < self.low:
-            raise invalid(name, raw, f"must be >= {self.low}")
+            raise invalid(name, raw, f">= {self.low}")
         if self.high is not None and value > self.high:
-            raise invalid(name, raw, f"must be <= {self.high}")
+            raise invalid(name, raw, f"<= {self.high}")
 
     def __str__(self) -> str:
         if self.high is None:
@@ -148,7 +150,7 @@ class OneOf:
         allowed = self.choices if self.case_sensitive else [c.lower() for c in self.choices]
         for v in values:
             if (v if self.case_sensitive else str(v).lower()) not in allowed:
-                raise invalid(name, raw, f"expected one of {', '.join(self.choices)}")
+                raise invalid(name, raw, f"one of {', '.join(self.choices)}")
 
     def __str__(self) -> str:
         return "[" + ", ".join(self.choices) + "]"
@@ -167,6 +169,9 @@ class ConfigKey:
     validator: Optional[Validator] = None
     #: the Python name a parsed value goes by (a dataclass field or keyword argument)
     attr: Optional[str] = None
+    #: the parsed, validated value -> the Python value (``CreateTime`` -> 0); it may refuse one
+    #: with its own :class:`InvalidConfigError`. The default is given as a config value too.
+    convert: Optional[Callable[[Any], Any]] = None
 
     @property
     def required(self) -> bool:
@@ -179,7 +184,14 @@ class ConfigKey:
         value = _PARSERS[self.type](self.name, raw)
         if self.validator is not None:
             self.validator(self.name, value, raw)
-        return value
+        return self.convert(value) if self.convert is not None else value
+
+    @property
+    def value(self) -> Any:
+        """The default as the Python value (``default`` is the config value, as docs show it)."""
+        if self.required or self.default is None or self.convert is None:
+            return self.default
+        return self.parse(self.default)
 
     def default_text(self) -> str:
         if self.required:
@@ -200,14 +212,25 @@ class ConfigDef:
     keys: Dict[str, ConfigKey] = field(default_factory=dict)
 
     def define(self, name: str, type: str, default: Any, doc: str, *,
-               validator: Optional[Validator] = None, attr: Optional[str] = None) -> "ConfigDef":
+               validator: Optional[Validator] = None, attr: Optional[str] = None,
+               convert: Optional[Callable[[Any], Any]] = None) -> "ConfigDef":
         if name in self.keys:
             raise ValueError(f"{self.what} {name!r} defined twice")
         if type not in _PARSERS:
             raise ValueError(f"unknown config type {type!r}")
-        self.keys[name] = ConfigKey(name, type, default, doc, validator,
-                                    attr or name.replace(".", "_").replace("-", "_"))
+        key = ConfigKey(name, type, default, doc, validator,
+                        attr or name.replace(".", "_").replace("-", "_"), convert)
+        self.keys[name] = key
         return self
+
+    def by_attr(self, attr: str) -> ConfigKey:
+        for key in self.keys.values():
+            if key.attr == attr:
+                return key
+        raise KeyError(attr)
+
+    def attrs(self) -> List[str]:
+        return [k.attr for k in self.keys.values()]
 
     def __contains__(self, name: str) -> bool:
         return name in self.keys
@@ -256,11 +279,12 @@ class ConfigDef:
                     continue
                 if key.required:
                     raise InvalidConfigError(f"missing required {self.what} {key.name!r}")
-                out[slot] = key.default
+                out[slot] = key.value
         return out
 
     def defaults(self, by_attr: bool = False) -> Dict[str, Any]:
-        return {(k.attr if by_attr else k.name): k.default
+        """Every default, as Python values (see :attr:`ConfigKey.value`)."""
+        return {(k.attr if by_attr else k.name): k.value
                 for k in self.keys.values() if not k.required}
 
     def markdown_table(self, names: Optional[Sequence[str]] = None) -> str:

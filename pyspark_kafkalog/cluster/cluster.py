@@ -31,12 +31,13 @@ from . import log_dirs as L
 from .features import CONFIG_FEATURES, check_writable, known as known_features
 from .garbage import is_deleted_topic_dir
 from .isr import effective_min_isr, leader_of, replica_end
+from .config import CLUSTER_SETTINGS
 from .metalog import DEFAULT_METADATA_RETENTION_MS, META_DIR, MetadataLog, entry_name
 from .state import ClusterState, PartitionState
 
 CLUSTER_FILE = f"{META_DIR}/cluster.json"
 DEFAULT_LOGDIR = "logdir-0"
-DEFAULT_TXN_TIMEOUT_MS = 60_000
+DEFAULT_TXN_TIMEOUT_MS = CLUSTER_SETTINGS["transaction.timeout.ms"].default
 STORAGE_CLOCK_REFRESH_S = 30.0
 METADATA_WRITE_THREADS = 32
 
@@ -82,7 +83,8 @@ def _check_identity(data: bytes) -> dict:
 class Cluster:
     def __init__(self, url: str, *, create: bool = True, principal: Optional[str] = None,
                  transaction_timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS,
-                 clock: Callable[[], float] = time.time, snapshot_interval: int = 50,
+                 clock: Callable[[], float] = time.time,
+                 snapshot_interval: int = CLUSTER_SETTINGS["kafkalog.snapshot.interval"].default,
                  metadata_max_retention_ms: int = DEFAULT_METADATA_RETENTION_MS,
                  shared_state: bool = False, **storage_options):
         """``shared_state``: start from (and add to) the metadata state this process replayed

@@ -7,39 +7,46 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from ..config_def import INT, LONG, STRING, ConfigDef, at_least
 from ..errors import InvalidConfigError
 from ..format.checkpoint import parse_properties
+from .metalog import DEFAULT_METADATA_RETENTION_MS, DEFAULT_SNAPSHOT_INTERVAL
 
-_INT_KEYS = {"transaction.timeout.ms": "transaction_timeout_ms",
-             "kafkalog.snapshot.interval": "snapshot_interval",
-             "metadata.max.retention.ms": "metadata_max_retention_ms"}
-#: settings that may be 0 (the others must be at least 1)
-_ZERO_OK = {"metadata.max.retention.ms"}
-_STR_KEYS = {"kafkalog.principal": "principal"}
+#: this process's settings: the one declaration of each (``Cluster``'s defaults,
+#: ``cluster_options``, docs/configuration.md); anything under ``storage.`` goes to the storage
+#: backend as it is
+CLUSTER_SETTINGS = (
+    ConfigDef("cluster setting")
+    .define("transaction.timeout.ms", INT, 60_000,
+            "how long a write may stay reserved but uncommitted before anyone may abort it",
+            validator=at_least(1), attr="transaction_timeout_ms")
+    .define("kafkalog.snapshot.interval", INT, DEFAULT_SNAPSHOT_INTERVAL,
+            "write a metadata snapshot every this many entries", validator=at_least(1),
+            attr="snapshot_interval")
+    .define("metadata.max.retention.ms", LONG, DEFAULT_METADATA_RETENTION_MS,
+            "how long cleanup keeps metadata entries and snapshots below the newest verified "
+            "snapshot", validator=at_least(0), attr="metadata_max_retention_ms")
+    .define("kafkalog.principal", STRING, None,
+            "who this process is, for ACLs (null: $KAFKALOG_PRINCIPAL, else User:<OS user>)",
+            attr="principal"))
 STORAGE_PREFIX = "storage."
 #: the ``Cluster`` keyword arguments that are this client's settings, not storage options
-CLIENT_SETTINGS = tuple(_INT_KEYS.values()) + tuple(_STR_KEYS.values())
+CLIENT_SETTINGS = tuple(CLUSTER_SETTINGS.attrs())
 
 
 def cluster_options(props: Dict[str, str]) -> Dict[str, Any]:
     """Map properties to ``Cluster(url, **options)`` keyword arguments."""
-    out: Dict[str, Any] = {}
-    for key, value in props.items():
-        if key in _INT_KEYS:
-            try:
-                out[_INT_KEYS[key]] = int(value)
-            except ValueError:
-                raise InvalidConfigError(f"{key} must be an integer, got {value!r}") from None
-            least = 0 if key in _ZERO_OK else 1
-            if out[_INT_KEYS[key]] < least:
-                raise InvalidConfigError(f"{key} must be >= {least}, got {value!r}")
-        elif key in _STR_KEYS:
-            out[_STR_KEYS[key]] = value
-        elif key.startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
-            out[key[len(STORAGE_PREFIX):]] = value
-        else:
+    def is_storage(key: str) -> bool:
+        return key.startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX)
+
+    for key in props:
+        if not is_storage(key) and key not in CLUSTER_SETTINGS:
             raise InvalidConfigError(f"unknown cluster setting {key!r}; known: "
-                                     f"{sorted(_INT_KEYS) + sorted(_STR_KEYS)} and storage.*")
+                                     f"{sorted(CLUSTER_SETTINGS.names())} and storage.*")
+    rest = {k: v for k, v in props.items() if not is_storage(k)}
+    storage = {k[len(STORAGE_PREFIX):]: v for k, v in props.items() if is_storage(k)}
+    out: Dict[str, Any] = CLUSTER_SETTINGS.parse(rest, by_attr=True)
+    out.update(storage)
     return out
 
 

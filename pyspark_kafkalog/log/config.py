@@ -1,36 +1,15 @@
 """Per-topic log configuration, under Kafka's own config names and with its validation."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from ..config_def import (BOOLEAN, INT, INT_MAX, LONG, LONG_MAX, STRING, ConfigDef, at_least,
+                          between, one_of)
 from ..errors import InvalidConfigError
 from ..format.codecs import codec_id
-from ..format.records import CREATE_TIME, LOG_APPEND_TIME, parse_timestamp_type
+from ..format.records import LOG_APPEND_TIME, parse_timestamp_type
 
-_INT_MAX = 2**31 - 1
-_LONG_MAX = 2**63 - 1
-
-# Kafka name -> (attribute, parser, minimum or None)
-_KEYS = {
-    "segment.bytes": ("segment_bytes", int, 14),
-    "segment.ms": ("segment_ms", int, 1),
-    "segment.index.bytes": ("segment_index_bytes", int, 4),
-    "index.interval.bytes": ("index_interval_bytes", int, 0),
-    "retention.ms": ("retention_ms", int, -1),
-    "retention.bytes": ("retention_bytes", int, None),
-    "max.message.bytes": ("max_message_bytes", int, 0),
-    "message.timestamp.type": ("message_timestamp_type", parse_timestamp_type, None),
-    "message.format.version": ("message_format_version", None, None),
-    "compression.type": ("compression_type", None, None),
-    "cleanup.policy": ("cleanup_policy", None, None),
-    "min.insync.replicas": ("min_insync_replicas", int, 1),
-    "file.delete.delay.ms": ("file_delete_delay_ms", int, 0),
-    "unclean.leader.election.enable": ("unclean_leader_election_enable", None, None),
-    "flush.messages": ("flush_messages", int, 1),
-    "flush.ms": ("flush_ms", int, 0),
-    "segment.merge.lag.ms": ("segment_merge_lag_ms", int, 0),
-}
 #: the configs that ask writers for durability (docs/protocol.md §3, "Durability"); a cluster
 #: stores them only once the ``flushConfigs`` feature is on (§2.3)
 FLUSH_CONFIGS = ("flush.messages", "flush.ms")
@@ -56,32 +35,97 @@ def magic_for_format_version(value: Any) -> int:
     return 2
 
 
+def _compression(name: str, value: str, raw: Any) -> None:
+    if value.lower() != "producer":
+        codec_id(value)
+
+
+def _format_version(name: str, value: str, raw: Any) -> None:
+    magic_for_format_version(value)
+
+
+#: Kafka's topic configs (and kafkalog's own ``segment.merge.lag.ms``), with Kafka's names,
+#: broker defaults and bounds: the one declaration of each (``LogConfig``'s defaults,
+#: ``from_properties``, docs/configuration.md are this table)
+TOPIC_CONFIGS = (
+    ConfigDef("topic config")
+    .define("segment.bytes", INT, 1024 * 1024 * 1024, "the size of a segment file",
+            validator=between(14, INT_MAX))
+    .define("segment.ms", LONG, 7 * 24 * 3600 * 1000,
+            "roll a new segment after this long even if the segment is not full",
+            validator=at_least(1))
+    .define("segment.index.bytes", INT, 10 * 1024 * 1024,
+            "the size of the offset index of a segment", validator=at_least(4))
+    .define("index.interval.bytes", INT, 4096,
+            "bytes of records between two entries of the offset index", validator=at_least(0))
+    .define("retention.ms", LONG, 7 * 24 * 3600 * 1000,
+            "delete a segment once its newest record is this old; -1: no time limit",
+            validator=at_least(-1))
+    .define("retention.bytes", LONG, -1,
+            "delete the oldest segments while a partition holds more than this; -1: no limit")
+    .define("max.message.bytes", INT, 1048588, "the largest record batch a write may hold",
+            validator=at_least(0))
+    .define("message.timestamp.type", STRING, "CreateTime",
+            "CreateTime (the producer's) or LogAppendTime (the write's commit time)",
+            validator=lambda name, value, raw: parse_timestamp_type(value),
+            convert=parse_timestamp_type)
+    .define("message.format.version", STRING, "3.0-IV1",
+            "the record format written (0.9.0: magic 0, 0.10.x: magic 1, later: magic 2)",
+            validator=_format_version)
+    .define("compression.type", STRING, "producer",
+            "the codec of written batches (none, gzip, snappy, lz4, zstd), or producer: the "
+            "writer's", validator=_compression)
+    .define("cleanup.policy", STRING, "delete",
+            "delete: retention deletes old segments (compact is accepted and stored)",
+            validator=one_of("delete", "compact", "compact,delete", "delete,compact",
+                             case_sensitive=True))
+    .define("min.insync.replicas", INT, 1,
+            "the in-sync replicas an acks=all write needs", validator=at_least(1))
+    .define("file.delete.delay.ms", LONG, 60000,
+            "how long a deleted segment's files stay before they are removed",
+            validator=at_least(0))
+    .define("unclean.leader.election.enable", BOOLEAN, False,
+            "elect a leader outside the ISR when no in-sync replica is left (losing records)",
+            convert=lambda value: "true" if value else "false")
+    .define("flush.messages", LONG, LONG_MAX,
+            "a write of this many records to a partition is flushed before its commit",
+            validator=between(1, LONG_MAX))
+    .define("flush.ms", LONG, LONG_MAX,
+            "flush a partition's log dir this long after a write at the latest; 0: every write",
+            validator=between(0, LONG_MAX))
+    .define("segment.merge.lag.ms", LONG, 60_000,
+            "a committed segment is merged with its neighbours only once it is this old "
+            "(kafkalog's own)", validator=between(0, LONG_MAX)))
+_DEFAULTS = TOPIC_CONFIGS.defaults(by_attr=True)
+
+
 @dataclass(frozen=True)
 class LogConfig:
-    """Defaults are Kafka's broker defaults."""
+    """Defaults are Kafka's broker defaults, from :data:`TOPIC_CONFIGS`."""
 
-    segment_bytes: int = 1024 * 1024 * 1024
-    segment_ms: int = 7 * 24 * 3600 * 1000
-    segment_index_bytes: int = 10 * 1024 * 1024
-    index_interval_bytes: int = 4096
-    retention_ms: int = 7 * 24 * 3600 * 1000
-    retention_bytes: int = -1
-    max_message_bytes: int = 1048588
-    message_timestamp_type: int = CREATE_TIME
-    message_format_version: str = "3.0-IV1"
-    compression_type: str = "producer"
-    cleanup_policy: str = "delete"
-    min_insync_replicas: int = 1
-    file_delete_delay_ms: int = 60000
-    unclean_leader_election_enable: str = "false"
-    flush_messages: int = _LONG_MAX
-    flush_ms: int = _LONG_MAX
+    segment_bytes: int = _DEFAULTS["segment_bytes"]
+    segment_ms: int = _DEFAULTS["segment_ms"]
+    segment_index_bytes: int = _DEFAULTS["segment_index_bytes"]
+    index_interval_bytes: int = _DEFAULTS["index_interval_bytes"]
+    retention_ms: int = _DEFAULTS["retention_ms"]
+    retention_bytes: int = _DEFAULTS["retention_bytes"]
+    max_message_bytes: int = _DEFAULTS["max_message_bytes"]
+    message_timestamp_type: int = _DEFAULTS["message_timestamp_type"]
+    message_format_version: str = _DEFAULTS["message_format_version"]
+    compression_type: str = _DEFAULTS["compression_type"]
+    cleanup_policy: str = _DEFAULTS["cleanup_policy"]
+    min_insync_replicas: int = _DEFAULTS["min_insync_replicas"]
+    file_delete_delay_ms: int = _DEFAULTS["file_delete_delay_ms"]
+    #: "true" or "false" (see :attr:`unclean_leader_election`)
+    unclean_leader_election_enable: str = _DEFAULTS["unclean_leader_election_enable"]
+    flush_messages: int = _DEFAULTS["flush_messages"]
+    flush_ms: int = _DEFAULTS["flush_ms"]
     #: kafkalog's own, named after Kafka's min.compaction.lag.ms: a committed segment is merged
     #: with its neighbours only once it is this old (its .log's age on the storage's clock).
     #: A minute: a streaming query reads the newest segments within a trigger or two, so the
     #: head it tails stays as it was written, and the unmerged head is a minute of commits
     #: (docs/protocol.md §4.1)
-    segment_merge_lag_ms: int = 60_000
+    segment_merge_lag_ms: int = _DEFAULTS["segment_merge_lag_ms"]
 
     @property
     def unclean_leader_election(self) -> bool:
@@ -106,43 +150,19 @@ class LogConfig:
 
     @classmethod
     def from_properties(cls, props: Mapping[str, Any] | None = None) -> "LogConfig":
-        """Validate Kafka-named properties; unknown names and bad values raise InvalidConfigError."""
-        values = {}
-        for name, raw in (props or {}).items():
-            if name not in _KEYS:
-                raise InvalidConfigError(f"unknown topic config {name!r}; known: {sorted(_KEYS)}")
-            attr, parse, minimum = _KEYS[name]
-            try:
-                value = parse(raw) if parse else str(raw)
-            except (TypeError, ValueError):
-                raise InvalidConfigError(f"invalid value {raw!r} for {name}") from None
-            if minimum is not None and value < minimum:
-                raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be >= {minimum}")
-            if name in FLUSH_CONFIGS + ("segment.merge.lag.ms",) and value > _LONG_MAX:
-                raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be <= {_LONG_MAX}")
-            if name == "segment.bytes" and value > _INT_MAX:
-                raise InvalidConfigError(f"invalid value {raw!r} for {name}: must be <= {_INT_MAX}")
-            if name == "compression.type" and value.lower() != "producer":
-                codec_id(value)
-            if name == "message.format.version":
-                magic_for_format_version(value)
-            if name == "cleanup.policy" and value not in ("delete", "compact", "compact,delete",
-                                                           "delete,compact"):
-                raise InvalidConfigError(f"invalid value {raw!r} for cleanup.policy")
-            if name == "unclean.leader.election.enable":
-                if value.strip().lower() not in ("true", "false"):   # Kafka's BOOLEAN
-                    raise InvalidConfigError(f"invalid value {raw!r} for {name}: true or false")
-                value = value.strip().lower()
-            values[attr] = value
-        return cls(**values)
+        """Validate Kafka-named properties against :data:`TOPIC_CONFIGS`; unknown names and bad
+        values raise InvalidConfigError."""
+        return cls(**TOPIC_CONFIGS.parse(props, by_attr=True))
 
     def to_properties(self) -> dict:
         out = {}
-        for name, (attr, _, _) in _KEYS.items():
-            value = getattr(self, attr)
-            if attr == "message_timestamp_type":
+        for key in TOPIC_CONFIGS.keys.values():
+            value = getattr(self, key.attr)
+            if key.attr == "message_timestamp_type":
                 value = "LogAppendTime" if value == LOG_APPEND_TIME else "CreateTime"
-            out[name] = str(value)
+            out[key.name] = str(value)
         return out
 
 
+# every config is a field and every field a config
+assert [f.name for f in fields(LogConfig)] == TOPIC_CONFIGS.attrs()
