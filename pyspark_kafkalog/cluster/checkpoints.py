@@ -92,8 +92,8 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
                                                 cluster, logdir, topic, p, entries,
                                                 recovery_points)):
                 continue
-            path = f"{cluster.partition_dir(topic, p, logdir)}/{LEADER_EPOCH_FILE}"
-            epochs[logdir][path] = ckpt.format_leader_epoch_checkpoint(entries).encode()
+            path, data = epoch_file(cluster, state, topic, p, logdir, entries)
+            epochs[logdir][path] = data
     offline: Dict[str, str] = {}
     if skip_offline:
         for logdir, files in epochs.items():
@@ -107,16 +107,35 @@ def sync_checkpoints(cluster, state, tps: Iterable[Tuple[str, int]], *,
         if logdir in offline:
             continue
         with noting_offline(offline if skip_offline else None, logdir):
-            ld = LogDir(cluster.storage, logdir)
-            hw = {tp: ps.high_watermark for tp, ps in parts.items()}
-            ld.merge_checkpoint(REPLICATION_CHECKPOINT, hw)
-            if recovery_point:
-                if written is None:
-                    cluster.storage.flush(logdir)
-                ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, hw)
-            ld.merge_checkpoint(LOG_START_CHECKPOINT,
-                                {tp: ps.log_start_offset for tp, ps in parts.items()})
+            write_log_dir_files(cluster, logdir,
+                                {tp: ps.high_watermark for tp, ps in parts.items()},
+                                {tp: ps.log_start_offset for tp, ps in parts.items()},
+                                recovery_point=recovery_point, flush=written is None)
     return offline
+
+
+def epoch_file(cluster, state, topic: str, p: int, logdir: str, entries) -> Tuple[str, bytes]:
+    """A replica's ``leader-epoch-checkpoint``: its path and the bytes that describe
+    ``entries`` (the leader's for the offsets that replica holds)."""
+    path = f"{cluster.partition_dir(topic, p, logdir, state)}/{LEADER_EPOCH_FILE}"
+    return path, ckpt.format_leader_epoch_checkpoint(list(entries)).encode()
+
+
+def write_log_dir_files(cluster, logdir: str, ends: Mapping[Tuple[str, int], int],
+                        starts: Mapping[Tuple[str, int], int], *, recovery_point: bool,
+                        flush: bool) -> None:
+    """The log-dir-wide files for some of its replicas: ``ends`` as the high watermark (and as
+    the recovery point, with ``recovery_point``; after a flush of the log dir, with ``flush``,
+    so that the point is on the device), ``starts`` as the log start offsets. The leader's
+    (``sync_checkpoints``) and a follower's (the replicator, whose copies are durable when
+    copied) are the same files under the same rules."""
+    ld = LogDir(cluster.storage, logdir)
+    ld.merge_checkpoint(REPLICATION_CHECKPOINT, ends)
+    if recovery_point:
+        if flush:
+            cluster.storage.flush(logdir)
+        ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, ends)
+    ld.merge_checkpoint(LOG_START_CHECKPOINT, starts)
 
 
 def _past_recovery_point(cluster, logdir: str, topic: str, p: int, entries,

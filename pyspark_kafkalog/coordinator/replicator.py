@@ -29,11 +29,9 @@ from ..cluster.features import REPLICA_CHECK, REPLICATION
 from ..cluster.isr import replica_end
 from ..cluster.partition_state import tp_key
 from ..errors import FencedCoordinatorError, KafkaLogError, StorageNotFoundError
-from ..format import checkpoint as ckpt
-from ..cluster.checkpoints import sync_checkpoints
-from ..log.logdir import (LOG_START_CHECKPOINT, META_PROPERTIES, RECOVERY_POINT_CHECKPOINT,
-                          REPLICATION_CHECKPOINT, LogDir)
-from ..log.partition import LEADER_EPOCH_FILE, PartitionLog
+from ..cluster.checkpoints import epoch_file, sync_checkpoints, write_log_dir_files
+from ..log.logdir import META_PROPERTIES
+from ..log.partition import PartitionLog
 from ..format.checkpoint import parse_meta_properties
 from ..log.file_names import log_file_base, parse_segment_file
 from ..log.segment import LOG_SUFFIX, segment_name
@@ -598,8 +596,8 @@ class Replicator:
                 if is_leader:
                     leaders.append((topic, p))
                     continue
-                path = f"{self.cluster.partition_dir(topic, p, r, state)}/{LEADER_EPOCH_FILE}"
-                epochs[path] = ckpt.format_leader_epoch_checkpoint(list(entries)).encode()
+                path, data = epoch_file(self.cluster, state, topic, p, r, entries)
+                epochs[path] = data
                 offsets.setdefault(r, {})[(topic, p)] = (end, ps.log_start_offset)
         try:
             if leaders:
@@ -607,11 +605,9 @@ class Replicator:
                 sync_checkpoints(self.cluster, state, leaders, recovery_point=False)
             self.cluster.storage.replace_many(epochs)
             for r, parts in offsets.items():
-                ld = LogDir(self.cluster.storage, r)
-                ends = {tp: e for tp, (e, _) in parts.items()}
-                ld.merge_checkpoint(REPLICATION_CHECKPOINT, ends)
-                ld.merge_checkpoint(RECOVERY_POINT_CHECKPOINT, ends)
-                ld.merge_checkpoint(LOG_START_CHECKPOINT, {tp: lo for tp, (_, lo) in parts.items()})
+                write_log_dir_files(self.cluster, r, {tp: e for tp, (e, _) in parts.items()},
+                                    {tp: lo for tp, (_, lo) in parts.items()},
+                                    recovery_point=True, flush=False)
         except KafkaLogError as exc:   # derived files: the next change (or maintenance) redoes
             self._written.clear()
             log.warning("replication: derived files not written: %s", exc)

@@ -21,12 +21,14 @@ PACKAGE = Path(pyspark_kafkalog.__file__).parent
 ROOT = PACKAGE.name   # "pyspark_kafkalog"
 
 #: Layers, bottom first: a module may import its own package and the layers below it. A module
-#: directly in the package (errors.py) is the bottom; the package itself (``register``, the one
+#: directly in the package (errors.py) is the bottom, but for config_def.py, which declares
+#: configs and raises errors.py's InvalidConfigError; the package itself (``register``, the one
 #: line users add) is the top, except that anything may read its metadata (``__version__``):
 #: importing any module runs the package's ``__init__`` first anyway, and it imports nothing
 #: until ``register`` is called.
-LAYERS = {"format": 1, "arrow": 2, "storage": 2, "log": 3, "cluster": 4, "maintenance": 5,
-          "client": 6, "connector": 7, "coordinator": 8, "spark": 9, "admin": 9, "cli": 9}
+LAYERS = {"config_def": 0.5, "format": 1, "arrow": 2, "storage": 2, "log": 3, "cluster": 4,
+          "maintenance": 5, "client": 6, "connector": 7, "coordinator": 8, "spark": 9, "admin": 9,
+          "cli": 9}
 BOTTOM, TOP = 0, 10
 #: Imports between packages of one layer that are allowed: the CLI calls the admin API (one
 #: implementation of every rule, README.md). The Spark source and the admin API are separate
