@@ -7,6 +7,7 @@ import stat
 
 import pytest
 
+from support.ci import environment_problems
 from support.golden import (CASES, DAMAGED, UNDAMAGED, b64, expected_records,  # noqa: F401
                             record_json)
 from support.shared_paths import GOLDEN, GOLDEN_CASE_COUNT, IN_CI, SHARED, missing  # noqa: F401
@@ -35,6 +36,9 @@ def pytest_configure(config):
         raise pytest.UsageError(
             f"CI: the golden corpus at {GOLDEN} has {len(CASES)} of {GOLDEN_CASE_COUNT} cases; "
             "place shared/ beside the repository or set KAFKALOG_GOLDEN")
+    if IN_CI and environment_problems():
+        raise pytest.UsageError("CI: the tests of the C extensions would only skip: "
+                                + "; ".join(environment_problems()))
     _share_bytecode(config)
 
 

@@ -324,21 +324,25 @@ def token_file(tmp_path) -> Path:
 @pytest.mark.parametrize("bind", ["127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:-1",
                                   "127.0.0.1:http", "127.0.0.1", "127.0.0.1:\u0661\u0662"])
 def test_a_bind_address_outside_the_port_range_is_refused(tmp_path, token_file, bind):
+    from pyspark_kafkalog.coordinator.config import CoordinatorConfig
     from pyspark_kafkalog.coordinator.service import Coordinator
     admin = Admin(str(tmp_path / "root"), fsync=False)
     with pytest.raises(InvalidConfigError, match="HOST:PORT|0..65535"):
-        Coordinator(admin.cluster, token_file=str(token_file), bind=bind, maintenance=False)
+        Coordinator(admin.cluster, CoordinatorConfig.of(token_file=str(token_file), bind=bind,
+                                                        maintenance=False))
 
 
 def test_coordinator_bind_out_of_range_exits_2_and_writes_nothing(tmp_path, token_file):
+    from pyspark_kafkalog.coordinator.config import CoordinatorConfig
     from pyspark_kafkalog.coordinator.service import Coordinator
     root = tmp_path / "root"
     admin = Admin(str(root), fsync=False)
     admin.create_topic("t")
-    Coordinator(admin.cluster, token_file=str(token_file), bind="127.0.0.1:0",   # 0: any port
-                maintenance=False)
-    Coordinator(admin.cluster, token_file=str(token_file), bind="[::1]:65535",
-                maintenance=False)
+    Coordinator(admin.cluster, CoordinatorConfig.of(token_file=str(token_file),
+                                                    bind="127.0.0.1:0",   # 0: any port
+                                                    maintenance=False))
+    Coordinator(admin.cluster, CoordinatorConfig.of(token_file=str(token_file), bind="[::1]:65535",
+                                                    maintenance=False))
     before = digests(root)
     rc, out, err = run_cli("--cluster", root, "coordinator", "--bind", "127.0.0.1:99999",
                            "--token-file", token_file, timeout=60)

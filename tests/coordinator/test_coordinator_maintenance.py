@@ -24,7 +24,8 @@ from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster import lease as L
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.coordinator import scheduler as sched, start
-from pyspark_kafkalog.coordinator.config import coordinator_options, load_coordinator_config
+from pyspark_kafkalog.coordinator.config import (CoordinatorConfig, coordinator_options,
+                                                  load_coordinator_config)
 from pyspark_kafkalog.coordinator.rpc import CoordinatorClient
 from pyspark_kafkalog.coordinator.scheduler import (CHECKPOINTS, CLEANUP, FLUSH, RETENTION,
                                                     MaintenanceScheduler, SchedulerConfig)
@@ -134,7 +135,7 @@ def test_the_scheduler_reads_the_clock_its_ticks_come_from(tmp_path, coordinator
     url = str(tmp_path / "behind")
     behind = Cluster(url, clock=lambda: time.time() - year_s)
     expired_segments(url)
-    c = Coordinator(behind, token=TOKEN, maintenance_config=FAST)
+    c = Coordinator(behind, CoordinatorConfig.of(maintenance_config=FAST), token=TOKEN)
     before = behind.now_ms() / 1000
     clock_s = c.scheduler.clock()
     after = behind.now_ms() / 1000
@@ -209,7 +210,7 @@ def test_one_file_holds_the_service_and_the_scheduler_and_refuses_unknown_keys(u
     opts = load_coordinator_config(str(conf))
     assert opts == {"lease_ms": 2500, "maintenance_config": SchedulerConfig(
         retention_check_interval_ms=200, delete_after_consumption={"t": ("g1", "g2")})}
-    c = Coordinator(cluster, token=TOKEN, **opts)
+    c = Coordinator(cluster, CoordinatorConfig.of(**opts), token=TOKEN)
     assert c.lease_ms == 2500 and c.scheduler.config == opts["maintenance_config"]
     assert coordinator_options({"coordinator.maintenance.enable": "FALSE"}) == \
         {"maintenance": False}

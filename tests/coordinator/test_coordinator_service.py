@@ -25,7 +25,8 @@ from support.coordinator_support import (  # noqa: F401 (fixtures)
 from pyspark_kafkalog.cluster import lease as L
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.coordinator import connect, start
-from pyspark_kafkalog.coordinator.config import coordinator_options, load_coordinator_config
+from pyspark_kafkalog.coordinator.config import (CoordinatorConfig, coordinator_options,
+                                                  load_coordinator_config)
 from pyspark_kafkalog.coordinator.embedded import session_stopped
 from pyspark_kafkalog.coordinator.rpc import CoordinatorClient, encode, decode, method_path
 from pyspark_kafkalog.coordinator.scheduler import SchedulerConfig
@@ -95,12 +96,12 @@ def test_a_coordinator_refuses_to_start_without_a_usable_token(cluster, monkeypa
     empty = tmp_path / "empty"
     empty.write_text("\n")
     with pytest.raises(InvalidConfigError, match="empty"):
-        Coordinator(cluster, token_file=str(empty))
+        Coordinator(cluster, CoordinatorConfig.of(token_file=str(empty)))
     with pytest.raises(InvalidConfigError, match="cannot read"):
-        Coordinator(cluster, token_file=str(tmp_path / "absent"))
+        Coordinator(cluster, CoordinatorConfig.of(token_file=str(tmp_path / "absent")))
     assert L.current_lease(cluster.state()) is None          # nothing was started
     monkeypatch.setenv("KAFKALOG_COORDINATOR_TOKEN", TOKEN)
-    c = Coordinator(cluster, lease_ms=LEASE_MS).start()
+    c = Coordinator(cluster, CoordinatorConfig.of(lease_ms=LEASE_MS)).start()
     try:
         assert CoordinatorClient(c.address, TOKEN).ping()["epoch"] == 1
     finally:
@@ -334,7 +335,7 @@ def test_a_coordinator_resumed_past_its_lease_acts_no_more_until_it_renews(clust
 
 
 def test_a_coordinator_stopped_mid_acquire_hands_the_lease_back(cluster):
-    c = Coordinator(cluster, token=TOKEN, lease_ms=LEASE_MS).start()
+    c = Coordinator(cluster, CoordinatorConfig.of(lease_ms=LEASE_MS), token=TOKEN).start()
     c.stop()
     c.stop()                                         # idempotent
     after = L.current_lease(cluster.state())
@@ -408,7 +409,7 @@ def test_the_example_coordinator_config_is_what_the_service_takes(cluster, tmp_p
                     "replica_verify_interval_ms": 1_000,
                     "quota_window_num": 11, "quota_window_size_s": 1,
                     "max_incremental_fetch_session_cache_slots": 1000}
-    c = Coordinator(cluster, token=TOKEN, **opts)
+    c = Coordinator(cluster, CoordinatorConfig.of(**opts), token=TOKEN)
     assert (c.bind, c.lease_ms, c.on_fenced) == ("127.0.0.1:0", 10_000, "standby")
     assert c.replicator.replica_lag_time_max_ms == 30_000
     assert c.replicator.broker_session_timeout_ms == 9_000
@@ -421,7 +422,7 @@ def test_the_example_coordinator_config_is_what_the_service_takes(cluster, tmp_p
     with pytest.raises(InvalidConfigError, match="number"):
         coordinator_options({"quota.consumer.default": "fast"})
     with pytest.raises(InvalidConfigError, match="quota.producer.default"):
-        Coordinator(cluster, token=TOKEN, quota_producer_default=0.0)
+        Coordinator(cluster, CoordinatorConfig.of(quota_producer_default=0.0), token=TOKEN)
 
 
 def test_kill_9_of_the_active_coordinator_lets_the_standby_take_over(url, cluster, token_file,

@@ -21,7 +21,7 @@ from support.coordinator_support import (  # noqa: F401 (fixtures)
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.coordinator.cluster_positions import ClusterPositions
-from pyspark_kafkalog.coordinator.config import coordinator_options
+from pyspark_kafkalog.coordinator.config import CoordinatorConfig, coordinator_options
 from pyspark_kafkalog.coordinator.fetch_client import SessionServer
 from pyspark_kafkalog.coordinator.fetch_session import (
     FINAL_EPOCH, INITIAL_EPOCH, INVALID_SESSION_ID, FetchRequest, FetchResponse,
@@ -128,12 +128,13 @@ def test_a_malformed_fetch_request_is_refused_naming_the_field(message, needle):
 def test_the_cache_slots_are_a_coordinator_setting(cluster):
     assert coordinator_options({"max.incremental.fetch.session.cache.slots": "2"}) == {
         "max_incremental_fetch_session_cache_slots": 2}
-    c = Coordinator(cluster, token=TOKEN, max_incremental_fetch_session_cache_slots=7,
-                    fetch_session_min_eviction_ms=5)
+    c = Coordinator(cluster, CoordinatorConfig.of(max_incremental_fetch_session_cache_slots=7,
+                                                  fetch_session_min_eviction_ms=5), token=TOKEN)
     assert (c.fetch_sessions.cache.max_slots, c.fetch_sessions.cache.min_eviction_ms) == (7, 5)
     assert Coordinator(cluster, token=TOKEN).fetch_sessions.cache.max_slots == 1000
     with pytest.raises(InvalidConfigError, match="max.incremental.fetch.session.cache.slots"):
-        Coordinator(cluster, token=TOKEN, max_incremental_fetch_session_cache_slots=-1)
+        Coordinator(cluster, CoordinatorConfig.of(max_incremental_fetch_session_cache_slots=-1),
+                    token=TOKEN)
 
 
 # -- one cache for every client: KIP-227's rules -------------------------------------------------

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.cli_support import REPO
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.coordinator import quota_client
+from pyspark_kafkalog.coordinator.config import CoordinatorConfig
 from pyspark_kafkalog.coordinator.service import Coordinator
 
 DEADLINE_S = 90.0
@@ -74,6 +75,17 @@ def token_file(tmp_path):
     quota_client.CONNECTIONS.clear()
 
 
+#: Coordinator's keyword arguments; the others are settings (CoordinatorConfig's)
+RUNTIME = ("token", "ticks", "holder", "leases")
+
+
+def new_coordinator(cluster, **kwargs) -> Coordinator:
+    """``Coordinator(cluster, CoordinatorConfig.of(**settings), **runtime)`` from one set of
+    keyword arguments, as the tests give them."""
+    runtime = {k: kwargs.pop(k) for k in RUNTIME if k in kwargs}
+    return Coordinator(cluster, CoordinatorConfig.of(**kwargs), **runtime)
+
+
 @pytest.fixture
 def coordinator_defaults() -> dict:
     """Options every coordinator a test starts gets unless it says otherwise (a test module
@@ -89,7 +101,7 @@ def coordinators(coordinator_defaults):
 
     def make(cluster, **kwargs):
         kwargs = {"token": TOKEN, "lease_ms": LEASE_MS, **coordinator_defaults, **kwargs}
-        c = Coordinator(cluster, **kwargs).start()
+        c = new_coordinator(cluster, **kwargs).start()
         started.append(c)
         return c
     yield make

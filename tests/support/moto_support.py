@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from support.ci import skip_or_fail
+
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "kafkalog-test"
 
@@ -47,7 +49,7 @@ def moto_options(tmp_path_factory):
         proc = subprocess.Popen([sys.executable, "-c", _MOTO_LAUNCHER, "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=log, stderr=subprocess.STDOUT)
     except OSError as e:
-        pytest.skip(f"moto server could not start: {e}")
+        skip_or_fail(f"moto server could not start: {e}")
     endpoint = f"http://127.0.0.1:{port}"
     no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + 20
@@ -58,7 +60,7 @@ def moto_options(tmp_path_factory):
         except Exception as e:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                pytest.skip(f"moto server could not start (exit {proc.poll()}): {e}")
+                skip_or_fail(f"moto server could not start (exit {proc.poll()}): {e}")
             time.sleep(0.1)
     import boto3  # the bucket is set up outside the code under test
     boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
