@@ -80,22 +80,7 @@ class S3Storage(FsspecStorage):
         full = self._full(path)
         where = self._where(path)
         data = bytes(data)
-        for attempt in range(_CONFLICT_RETRIES):
-            try:
-                with storage_errors("create", where):
-                    try:
-                        self._fs.pipe_file(full, data, mode="create")
-                        return
-                    except OSError as e:
-                        if _error_code(e) == "PreconditionFailed" or _http_status(e) == 412:
-                            raise AlreadyExistsError(f"create {where}: already exists") from e
-                        raise
-            except KafkaStorageError as e:
-                if isinstance(e, AlreadyExistsError) or _error_code(e.__cause__) != "ConditionalRequestConflict":
-                    raise
-                if attempt == _CONFLICT_RETRIES - 1:
-                    raise
-                time.sleep(random.uniform(0.01, 0.05) * 2 ** attempt)
+        self._conditional("create", where, lambda: self._fs.pipe_file(full, data, mode="create"))
 
     def publish_stream(self, path: str, chunks, *, replace: bool = False) -> None:
         """A multipart upload, completed with ``If-None-Match: *`` (unless ``replace``), which
