@@ -161,6 +161,25 @@ def one_of(*choices: str, case_sensitive: bool = False) -> OneOf:
 
 
 @dataclass(frozen=True)
+class Check:
+    """A validator that is a function (raising :class:`InvalidConfigError`), with the text the
+    docs' table shows for it (Kafka's ``Validator.toString``)."""
+    fn: Validator
+    text: str
+
+    def __call__(self, name: str, value: Any, raw: Any) -> None:
+        self.fn(name, value, raw)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def check(text: str) -> Callable[[Validator], Check]:
+    """``@check("[CreateTime, LogAppendTime]")`` over a validator function."""
+    return lambda fn: Check(fn, text)
+
+
+@dataclass(frozen=True)
 class ConfigKey:
     name: str
     type: str
@@ -292,7 +311,8 @@ class ConfigDef:
         rows = ["| name | type | default | valid values | description |",
                 "| --- | --- | --- | --- | --- |"]
         for key in (self.keys[n] for n in (names or self.keys)):
-            valid = str(key.validator) if key.validator is not None else ""
+            valid = (str(key.validator) if isinstance(key.validator, (Range, OneOf, Check))
+                     else "")
             rows.append(f"| `{key.name}` | {key.type} | `{key.default_text()}` | {valid} | "
                         f"{key.doc} |")
         return "\n".join(rows)

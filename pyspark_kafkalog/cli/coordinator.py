@@ -21,6 +21,13 @@ SERVICE_OPTIONS = {"bind": "--bind", "advertised_address": "--advertised-address
                    "on_fenced": "--on-fenced", "no_maintenance": "--no-maintenance"}
 
 
+def _help(name: str) -> str:
+    """An option's help: its setting's doc and default (``coordinator/config.py``), and the
+    property that sets it in --coordinator-config."""
+    from ..coordinator.config import COORDINATOR_SETTINGS
+    return f"{COORDINATOR_SETTINGS.help_text(name)}; property {name}".replace("%", "%%")
+
+
 def add_parser(sub, parents) -> None:
     p = sub.add_parser(
         "coordinator", parents=parents, help="run the coordinator service, or show its status",
@@ -42,30 +49,24 @@ def add_parser(sub, parents) -> None:
     p.add_argument("--status", action="store_true",
                    help="show the active coordinator (from the metadata log) and its answer")
     p.add_argument("--bind", "--listen", dest="bind", metavar="HOST:PORT", default=None,
-                   help="where gRPC listens (default 127.0.0.1:0: loopback, any free port; "
-                        "a port is 0..65535, another is refused; clients find it through the "
-                        "metadata log)")
+                   help=_help("coordinator.bind"))
     p.add_argument("--advertised-address", metavar="HOST:PORT", default=None,
-                   help="the address clients are told (default: the bound one; the host name "
-                        "for a wildcard bind)")
+                   help=_help("coordinator.advertised.address"))
     p.add_argument("--metrics-port", type=int, metavar="N", default=None,
-                   help="Prometheus metrics on http://HOST:N/metrics (default 0: any free port; "
-                        "printed at start and in --status)")
+                   help=_help("coordinator.metrics.port"))
     p.add_argument("--token-file", "--secret-file", dest="token_file", metavar="F",
-                   default=None, help="file holding the shared token (default "
-                                      "$KAFKALOG_COORDINATOR_TOKEN)")
+                   default=None, help=_help("coordinator.token.file"))
     p.add_argument("--lease-ms", type=int, metavar="N", default=None,
-                   help="lease length: a standby takes over this long after the active one "
-                        "dies; renewed every N/3 (default 10000)")
+                   help=_help("coordinator.lease.ms"))
     p.add_argument("--on-fenced", choices=("standby", "exit"), default=None,
-                   help="when another took over: stand by (default) or exit with status 1")
+                   help=_help("coordinator.on.fenced"))
     p.add_argument("--no-maintenance", action="store_true",
-                   help="do not run the scheduled maintenance (retention, cleanup, checkpoint "
-                        "rewrites, deletion after consumption); the service still holds the "
-                        "lease and serves")
+                   help="turn off: " + _help("coordinator.maintenance.enable") + "=false; the "
+                        "service still holds the lease and serves")
     p.add_argument("--coordinator-config", metavar="FILE", default=None,
                    help="settings file of the service and its scheduled maintenance "
-                        "(conf/coordinator.properties); the options above win")
+                        "(conf/coordinator.properties; docs/configuration.md); the options "
+                        "above win")
     p.set_defaults(run=run_coordinator)
 
 
@@ -113,13 +114,14 @@ def run_status(args, settings: dict) -> int:
 
 
 def run_service(args, settings: dict) -> int:
+    from ..coordinator.config import CoordinatorConfig
     from ..coordinator.service import Coordinator
     from ..errors import FencedCoordinatorError
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cluster = open_admin(args, "coordinator").cluster
-    coordinator = Coordinator(cluster, **settings)
+    coordinator = Coordinator(cluster, CoordinatorConfig.of(**settings))
     ended = []
 
     def request_stop(signum, frame):

@@ -9,6 +9,7 @@ releases the lease; ``atexit`` does the same when the interpreter ends first.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -16,12 +17,14 @@ from typing import Mapping, Optional, Union
 
 from ..cluster.cluster import Cluster
 from ..errors import InvalidConfigError
-from .config import coordinator_options, load_coordinator_config
+from .config import CoordinatorConfig, coordinator_options, load_coordinator_config
 from .service import Coordinator
 
 log = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 1.0
+#: the keyword arguments of ``start`` that are Coordinator's own, not settings
+RUNTIME = ("token", "ticks", "holder", "leases")
 
 
 def session_stopped(spark) -> bool:
@@ -63,7 +66,7 @@ class SessionWatch:
 
 
 def start(spark_or_cluster, *, cluster=None,
-          config: Union[str, os.PathLike, Mapping[str, str], None] = None,
+          config: Union[str, os.PathLike, Mapping[str, str], CoordinatorConfig, None] = None,
           cluster_options: Optional[dict] = None, **options) -> Coordinator:
     """Start a coordinator in a background thread of this process and return it (``.stop()``,
     ``.address``, ``.metrics_url``, ``.epoch``: None while it stands by).
@@ -71,10 +74,11 @@ def start(spark_or_cluster, *, cluster=None,
     ``spark_or_cluster``: a SparkSession (then ``cluster=`` names the cluster, and the
     coordinator stops when the session does), a cluster URL, or a :class:`Cluster`. ``config``:
     the settings file (``conf/coordinator.properties``: the service's keys and the scheduled
-    maintenance's), or those properties as a mapping. The other keyword arguments are
-    :class:`Coordinator`'s (``token``, ``token_file``, ``bind``, ``lease_ms``, ``maintenance``,
-    ``maintenance_config``, ``ticks``, ...) and win over ``config``. It always stops at
-    interpreter exit."""
+    maintenance's), those properties as a mapping, or a :class:`CoordinatorConfig`. The other
+    keyword arguments are :class:`Coordinator`'s (``token``, ``ticks``, ``holder``, ``leases``)
+    or :class:`CoordinatorConfig`'s (``token_file``, ``bind``, ``lease_ms``, ``maintenance``,
+    ``maintenance_config``, ...) and win over ``config``. It always stops at interpreter
+    exit."""
     spark = None
     target = spark_or_cluster
     if not isinstance(target, (str, Cluster)):
@@ -86,13 +90,16 @@ def start(spark_or_cluster, *, cluster=None,
         raise InvalidConfigError("start(cluster_url) takes no cluster=; give one or the other")
     if isinstance(target, str):
         target = Cluster(target, create=False, **(cluster_options or {}))
-    settings = {}
-    if isinstance(config, Mapping):
-        settings = coordinator_options(config)
+    runtime = {k: options.pop(k) for k in RUNTIME if k in options}
+    given = {}
+    if isinstance(config, CoordinatorConfig):
+        given = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    elif isinstance(config, Mapping):
+        given = coordinator_options(config)
     elif config is not None:
-        settings = load_coordinator_config(os.fspath(config))
-    settings.update(options)
-    coordinator = Coordinator(target, **settings)
+        given = load_coordinator_config(os.fspath(config))
+    settings = CoordinatorConfig.of(**{**given, **options})
+    coordinator = Coordinator(target, settings, **runtime)
     watch = SessionWatch(spark, coordinator) if spark is not None else None
     coordinator.start()
     atexit.register(coordinator.stop)

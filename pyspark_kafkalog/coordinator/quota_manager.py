@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Optional, Tuple
 
 DEFAULT_WINDOW_NUM = 11          # Kafka's quota.window.num
-DEFAULT_WINDOW_SIZE_S = 1.0      # Kafka's quota.window.size.seconds
+DEFAULT_WINDOW_SIZE_S = 1        # Kafka's quota.window.size.seconds
 #: Kafka's ClientQuotaManager drops a client id's sensors after an hour without a request; a
 #: coordinator runs for weeks and client ids can be per job, so it forgets them too
 INACTIVE_EXPIRY_S = 3600.0
@@ -82,8 +82,8 @@ class QuotaManager:
                  window_num: int = DEFAULT_WINDOW_NUM,
                  window_size_s: float = DEFAULT_WINDOW_SIZE_S,
                  inactive_expiry_s: float = INACTIVE_EXPIRY_S):
-        if window_num < 2 or window_size_s <= 0:
-            raise ValueError("quota.window.num must be >= 2 and quota.window.size.seconds > 0")
+        from .config import check_quota_window   # the settings' rule (config imports this)
+        check_quota_window(window_num, window_size_s)
         self.quota = quota
         self.window_num = window_num
         self.window_size_s = window_size_s

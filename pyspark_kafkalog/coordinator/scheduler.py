@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..cluster.checkpoints import sync_checkpoints
 from ..cluster.config import read_properties_file
+from ..config_def import LONG, LONG_MAX, STRING, ConfigDef, between
 from ..maintenance.flush import flush_logs
 from ..client.groups import consumed_offsets, validate_group_id
 from ..maintenance.retention import (FanOut, collect_garbage, delete_records, offline_error,
@@ -52,69 +53,7 @@ KINDS = (RETENTION, DELETE_AFTER_CONSUMPTION, CLEANUP, CHECKPOINTS, FLUSH)
 #: (the flush check runs every second, and does nothing where no topic sets ``flush.ms``)
 QUIET_WHEN_IDLE = frozenset({FLUSH})
 
-#: property name -> (SchedulerConfig attribute, default). Kafka's broker names and defaults where
-#: Kafka has the job; ``kafkalog.*`` where it does not (Kafka has no garbage of dead writers).
-#: One default is not Kafka's: its log flusher's interval is Long.MAX_VALUE, which leaves every
-#: topic's ``flush.ms`` without effect; here the check runs every second, and costs nothing
-#: where no topic sets ``flush.ms``.
-INTERVAL_KEYS: Dict[str, Tuple[str, int]] = {
-    "log.flush.scheduler.interval.ms": ("flush_check_interval_ms", 1000),
-    "log.retention.check.interval.ms": ("retention_check_interval_ms", 300_000),
-    "kafkalog.cleanup.interval.ms": ("cleanup_interval_ms", 300_000),
-    "log.flush.offset.checkpoint.interval.ms": ("checkpoint_interval_ms", 60_000),
-    "kafkalog.delete.after.consumption.interval.ms": ("delete_after_consumption_interval_ms",
-                                                      300_000),
-}
 POLICY_KEY = "kafkalog.delete.after.consumption"
-#: every key the scheduler takes (a service reading one file for several parts can split by it)
-KEYS = frozenset(INTERVAL_KEYS) | {POLICY_KEY}
-_LONG_MAX = 2**63 - 1
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    retention_check_interval_ms: int = 300_000
-    cleanup_interval_ms: int = 300_000
-    checkpoint_interval_ms: int = 60_000
-    delete_after_consumption_interval_ms: int = 300_000
-    flush_check_interval_ms: int = 1000
-    #: topic -> the groups that must all have consumed a record before it is deleted; empty: off
-    delete_after_consumption: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
-
-    @classmethod
-    def from_properties(cls, props: Optional[Mapping[str, object]] = None) -> "SchedulerConfig":
-        """Validate a Java-properties mapping; an unknown key or a bad value raises
-        ``InvalidConfigError`` naming the key, so a typo never falls back to a default."""
-        values: Dict[str, object] = {}
-        for key, raw in (props or {}).items():
-            if key in INTERVAL_KEYS:
-                values[INTERVAL_KEYS[key][0]] = _interval(key, raw)
-            elif key == POLICY_KEY:
-                values["delete_after_consumption"] = parse_delete_after_consumption(str(raw))
-            else:
-                raise InvalidConfigError(f"unknown maintenance setting {key!r}; known: "
-                                         f"{sorted(KEYS)}")
-        return cls(**values)
-
-    def interval_ms(self, kind: str) -> Optional[int]:
-        """How often ``kind`` runs; None when it is off (no delete-after-consumption policy)."""
-        if kind == DELETE_AFTER_CONSUMPTION and not self.delete_after_consumption:
-            return None
-        return getattr(self, {RETENTION: "retention_check_interval_ms",
-                              CLEANUP: "cleanup_interval_ms",
-                              CHECKPOINTS: "checkpoint_interval_ms",
-                              FLUSH: "flush_check_interval_ms",
-                              DELETE_AFTER_CONSUMPTION: "delete_after_consumption_interval_ms"}[kind])
-
-
-def _interval(key: str, raw: object) -> int:
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise InvalidConfigError(f"{key} must be an integer (milliseconds), got {raw!r}") from None
-    if not 1 <= value <= _LONG_MAX:
-        raise InvalidConfigError(f"{key} must be >= 1 (milliseconds), got {raw!r}")
-    return value
 
 
 def parse_delete_after_consumption(text: str) -> Dict[str, Tuple[str, ...]]:
@@ -141,6 +80,74 @@ def parse_delete_after_consumption(text: str) -> Dict[str, Tuple[str, ...]]:
             raise InvalidConfigError(f"{POLICY_KEY}: topic {topic!r} is listed twice")
         policy[topic] = tuple(dict.fromkeys(names))
     return policy
+
+
+#: the scheduled maintenance's settings, the one declaration of each (``SchedulerConfig``'s
+#: defaults, ``from_properties``, docs/configuration.md). Kafka's broker names and defaults where
+#: Kafka has the job; ``kafkalog.*`` where it does not (Kafka has no garbage of dead writers).
+#: One default is not Kafka's: its log flusher's interval is Long.MAX_VALUE, which leaves every
+#: topic's ``flush.ms`` without effect; here the check runs every second, and costs nothing
+#: where no topic sets ``flush.ms``. Intervals are milliseconds.
+MAINTENANCE_SETTINGS = (
+    ConfigDef("maintenance setting")
+    .define("log.retention.check.interval.ms", LONG, 300_000,
+            "how often retention deletes segments past retention.ms / retention.bytes",
+            validator=between(1, LONG_MAX), attr="retention_check_interval_ms")
+    .define("kafkalog.cleanup.interval.ms", LONG, 300_000,
+            "how often cleanup aborts expired writes and deletes garbage",
+            validator=between(1, LONG_MAX), attr="cleanup_interval_ms")
+    .define("log.flush.offset.checkpoint.interval.ms", LONG, 60_000,
+            "how often every partition's checkpoint files are rewritten from the metadata",
+            validator=between(1, LONG_MAX), attr="checkpoint_interval_ms")
+    .define("kafkalog.delete.after.consumption.interval.ms", LONG, 300_000,
+            "how often records the named groups all consumed are deleted",
+            validator=between(1, LONG_MAX), attr="delete_after_consumption_interval_ms")
+    .define("log.flush.scheduler.interval.ms", LONG, 1000,
+            "how often topics' flush.ms is checked (not Kafka's default, Long.MAX_VALUE)",
+            validator=between(1, LONG_MAX), attr="flush_check_interval_ms")
+    .define(POLICY_KEY, STRING, "",
+            "delete records once these groups all consumed them: "
+            "topic:group[,group...][;topic:group...]; empty: off",
+            attr="delete_after_consumption", convert=parse_delete_after_consumption))
+#: property name -> (SchedulerConfig attribute, default) of each interval
+INTERVAL_KEYS: Dict[str, Tuple[str, int]] = {
+    k.name: (k.attr, k.default) for k in MAINTENANCE_SETTINGS.keys.values() if k.type == LONG}
+#: every key the scheduler takes (a service reading one file for several parts can split by it)
+KEYS = frozenset(MAINTENANCE_SETTINGS.names())
+_DEFAULTS = MAINTENANCE_SETTINGS.defaults(by_attr=True)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Defaults from :data:`MAINTENANCE_SETTINGS`."""
+    retention_check_interval_ms: int = _DEFAULTS["retention_check_interval_ms"]
+    cleanup_interval_ms: int = _DEFAULTS["cleanup_interval_ms"]
+    checkpoint_interval_ms: int = _DEFAULTS["checkpoint_interval_ms"]
+    delete_after_consumption_interval_ms: int = _DEFAULTS["delete_after_consumption_interval_ms"]
+    flush_check_interval_ms: int = _DEFAULTS["flush_check_interval_ms"]
+    #: topic -> the groups that must all have consumed a record before it is deleted; empty: off
+    delete_after_consumption: Mapping[str, Tuple[str, ...]] = field(
+        default_factory=lambda: MAINTENANCE_SETTINGS[POLICY_KEY].value)
+
+    @classmethod
+    def from_properties(cls, props: Optional[Mapping[str, object]] = None) -> "SchedulerConfig":
+        """Validate a Java-properties mapping; an unknown key or a bad value raises
+        ``InvalidConfigError`` naming the key, so a typo never falls back to a default."""
+        return cls(**MAINTENANCE_SETTINGS.parse(props, by_attr=True))
+
+    def interval_ms(self, kind: str) -> Optional[int]:
+        """How often ``kind`` runs; None when it is off (no delete-after-consumption policy)."""
+        if kind == DELETE_AFTER_CONSUMPTION and not self.delete_after_consumption:
+            return None
+        return getattr(self, {RETENTION: "retention_check_interval_ms",
+                              CLEANUP: "cleanup_interval_ms",
+                              CHECKPOINTS: "checkpoint_interval_ms",
+                              FLUSH: "flush_check_interval_ms",
+                              DELETE_AFTER_CONSUMPTION: "delete_after_consumption_interval_ms"}[kind])
+
+
+# every setting is a field and every field a setting
+assert {f.name for f in fields(SchedulerConfig)} == set(MAINTENANCE_SETTINGS.attrs())
 
 
 def load_scheduler_config(path: str) -> SchedulerConfig:

@@ -33,7 +33,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Callable, List, Mapping, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence
 
 from ..cluster.cluster import replication_summary
 from ..cluster.quotas import FETCH, PRODUCE
@@ -42,26 +42,20 @@ from ..cluster.lease import (CoordinatorLease, acquire, current_lease, new_holde
 from ..errors import (CoordinatorLeaseHeldError, FencedCoordinatorError, InvalidConfigError,
                       KafkaLogError)
 from .auth import resolve_token
+from .config import COORDINATOR_SETTINGS, CoordinatorConfig, split_bind as _split
 from .fetch_service import FetchSessionService
-from .fetch_session import DEFAULT_CACHE_SLOTS, MIN_EVICTION_MS
 from .metrics import CoordinatorMetrics, metrics_url
-from .quota_manager import DEFAULT_WINDOW_NUM, DEFAULT_WINDOW_SIZE_S
 from .quota_service import QuotaService
-from .replicator import (DEFAULT_BROKER_SESSION_TIMEOUT_MS, DEFAULT_REPLICA_LAG_TIME_MAX_MS,
-                         DEFAULT_REPLICA_VERIFY_INTERVAL_MS, Replicator)
+from .replicator import Replicator
 from .rpc import MAX_WORKERS, RpcServer
-from .scheduler import KINDS, MaintenanceScheduler, SchedulerConfig
+from .scheduler import KINDS, MaintenanceScheduler
 from .serving import ServingWatch
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BIND = "127.0.0.1:0"
-DEFAULT_LEASE_MS = 10_000
-MIN_LEASE_MS = 100
-DEFAULT_TICK_INTERVAL_MS = 1_000
-#: Kafka's replica.fetch.wait.max.ms: here the pause between two replication passes
-DEFAULT_REPLICA_FETCH_WAIT_MAX_MS = 500
-ON_FENCED = ("standby", "exit")
+#: defaults of the settings (``config.COORDINATOR_SETTINGS``), under their old names
+DEFAULT_BIND = COORDINATOR_SETTINGS["coordinator.bind"].default
+DEFAULT_LEASE_MS = COORDINATOR_SETTINGS["coordinator.lease.ms"].default
 #: a standby retries no sooner than this after the holder's lease expiry, by its own clock
 TAKEOVER_SLACK_S = 0.01
 
@@ -94,19 +88,6 @@ class ClusterLeases:
         release(self.cluster, lease)
 
 
-def _split(bind: str):
-    """``HOST:PORT`` (``[v6]:PORT`` too) as (host, port), checked: the port is a decimal number
-    0..65535 (0: any free port). gRPC would take 99999 and listen on 99999 mod 65536."""
-    host, sep, port = bind.rpartition(":") if isinstance(bind, str) else ("", "", "")
-    if not sep or not port.isdigit() or not port.isascii():
-        raise InvalidConfigError(f"bind address {bind!r}: expected HOST:PORT (port 0: any free "
-                                 "port)")
-    if not 0 <= int(port) <= 65535:
-        raise InvalidConfigError(f"bind address {bind!r}: port {int(port)} is not 0..65535 "
-                                 "(0: any free port)")
-    return host.strip("[]"), int(port)
-
-
 def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -120,85 +101,54 @@ class Coordinator:
     """The service; :meth:`start` it, :meth:`stop` it (releasing the lease). ``epoch`` is the
     epoch it holds (None while it stands by). See the module docstring for the lease rules."""
 
-    def __init__(self, cluster, *, token: Optional[str] = None, token_file: Optional[str] = None,
-                 bind: str = DEFAULT_BIND, advertised_address: Optional[str] = None,
-                 metrics_port: Optional[int] = 0, lease_ms: int = DEFAULT_LEASE_MS,
-                 on_fenced: str = "standby", ticks: Sequence[Tick] = (),
-                 tick_interval_ms: int = DEFAULT_TICK_INTERVAL_MS, holder: Optional[str] = None,
-                 leases=None, maintenance: bool = True,
-                 maintenance_config: Union[SchedulerConfig, Mapping[str, object], None] = None,
-                 replication: bool = True,
-                 replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
-                 replica_fetch_wait_max_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MAX_MS,
-                 broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
-                 num_replica_fetchers: int = 4,
-                 replica_verify_interval_ms: int = DEFAULT_REPLICA_VERIFY_INTERVAL_MS,
-                 quota_producer_default: Optional[float] = None,
-                 quota_consumer_default: Optional[float] = None,
-                 quota_window_num: int = DEFAULT_WINDOW_NUM,
-                 quota_window_size_s: int = int(DEFAULT_WINDOW_SIZE_S),
-                 max_incremental_fetch_session_cache_slots: int = DEFAULT_CACHE_SLOTS,
-                 fetch_session_min_eviction_ms: int = MIN_EVICTION_MS):
-        """``maintenance``: run the scheduled maintenance (default); ``maintenance_config``: its
-        settings, a ``SchedulerConfig`` or properties (default: Kafka's intervals).
-        ``replication``: copy to followers and keep the ISR (docs/protocol.md §1.3), enabling
-        the feature ``replication`` once a topic has more than one replica.
-        ``max_incremental_fetch_session_cache_slots``: the ``Fetch`` method's session cache
-        (KIP-227); ``fetch_session_min_eviction_ms``: KIP-227's minimum eviction time, a
-        constant in Kafka (120 s), settable here for tests only."""
-        if on_fenced not in ON_FENCED:
-            raise InvalidConfigError(f"on_fenced must be one of {ON_FENCED}, got {on_fenced!r}")
-        if not isinstance(lease_ms, int) or lease_ms < MIN_LEASE_MS:
-            raise InvalidConfigError(f"lease_ms must be an integer >= {MIN_LEASE_MS}, got "
-                                     f"{lease_ms!r}")
-        if metrics_port is not None and not 0 <= metrics_port <= 65535:
-            raise InvalidConfigError(f"metrics port must be 0..65535 (0: any free port), got "
-                                     f"{metrics_port}")
-        if tick_interval_ms < 1:
-            raise InvalidConfigError(f"tick_interval_ms must be >= 1, got {tick_interval_ms}")
-        for name, value in (("replica.lag.time.max.ms", replica_lag_time_max_ms),
-                            ("replica.fetch.wait.max.ms", replica_fetch_wait_max_ms),
-                            ("broker.session.timeout.ms", broker_session_timeout_ms),
-                            ("replica.verify.interval.ms", replica_verify_interval_ms)):
-            if not isinstance(value, int) or value < 1:
-                raise InvalidConfigError(f"{name} must be an integer >= 1, got {value!r}")
-        for name, value in (("max.incremental.fetch.session.cache.slots",
-                             max_incremental_fetch_session_cache_slots),
-                            ("fetch_session_min_eviction_ms", fetch_session_min_eviction_ms)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidConfigError(f"{name} must be an integer >= 0, got {value!r}")
+    def __init__(self, cluster, config: Optional[CoordinatorConfig] = None, *,
+                 token: Optional[str] = None, ticks: Sequence[Tick] = (),
+                 holder: Optional[str] = None, leases=None):
+        """``config``: every setting (a :class:`CoordinatorConfig`, checked when it was made;
+        default: the defaults): ``CoordinatorConfig.of(lease_ms=2500)``,
+        ``CoordinatorConfig.load("conf/coordinator.properties")``. The rest are this process's
+        objects: ``token`` (else the config's token file, else $KAFKALOG_COORDINATOR_TOKEN),
+        maintenance hooks ``ticks`` after the scheduler's, the lease ``holder`` id (default a
+        new one) and ``leases`` (a test's fake of :class:`ClusterLeases`)."""
+        if config is None:
+            config = CoordinatorConfig()
+        elif not isinstance(config, CoordinatorConfig):
+            raise InvalidConfigError(f"config must be a CoordinatorConfig, got {config!r}: "
+                                     "CoordinatorConfig.of(**settings)")
+        self.config = config
         self.cluster = cluster
-        self._token = resolve_token(token, token_file)
-        self._bind_host, _ = _split(bind)
-        self.bind = bind
-        self.advertised_address = advertised_address
-        self.metrics_port = metrics_port
-        self.lease_ms = lease_ms
-        self.on_fenced = on_fenced
-        self.tick_interval_ms = tick_interval_ms
+        self._token = resolve_token(token, config.token_file)
+        self._bind_host, _ = _split(config.bind)
+        self.bind = config.bind
+        self.advertised_address = config.advertised_address
+        self.metrics_port = config.metrics_port
+        self.lease_ms = config.lease_ms
+        self.on_fenced = config.on_fenced
+        self.tick_interval_ms = config.tick_interval_ms
         self.holder = holder or new_holder_id()
         self.leases = leases if leases is not None else ClusterLeases(cluster)
         #: the scheduled maintenance (None when off); its tick is the first hook
         self.scheduler: Optional[MaintenanceScheduler] = None
-        if maintenance:
-            self.scheduler = MaintenanceScheduler(cluster, maintenance_config, clock=self._now_s,
-                                                  active=self._may_act)
+        if config.maintenance:
+            self.scheduler = MaintenanceScheduler(cluster, config.maintenance_config,
+                                                  clock=self._now_s, active=self._may_act)
         #: maintenance hooks; may be appended to before start()
         self.ticks: List[Tick] = ([self.scheduler.tick] if self.scheduler else []) + list(ticks)
         #: KIP-227 fetch sessions for every client of the cluster (the ``Fetch`` method)
         self.fetch_sessions = FetchSessionService(
-            cluster, max_slots=max_incremental_fetch_session_cache_slots,
-            min_eviction_ms=fetch_session_min_eviction_ms)
+            cluster, max_slots=config.max_incremental_fetch_session_cache_slots,
+            min_eviction_ms=config.fetch_session_min_eviction_ms)
         #: copies to followers and keeps the ISR (None when off)
         self.replicator: Optional[Replicator] = None
-        if replication:
-            self.replicator = Replicator(cluster, lambda: self.epoch if self._may_act() else None,
-                                         replica_lag_time_max_ms=replica_lag_time_max_ms,
-                                         broker_session_timeout_ms=broker_session_timeout_ms,
-                                         num_replica_fetchers=num_replica_fetchers,
-                                         fetch_session=self.fetch_sessions.replica_session(),
-                                         replica_verify_interval_ms=replica_verify_interval_ms)
-        self.replica_fetch_wait_max_ms = replica_fetch_wait_max_ms
+        if config.replication:
+            self.replicator = Replicator(
+                cluster, lambda: self.epoch if self._may_act() else None,
+                replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+                broker_session_timeout_ms=config.broker_session_timeout_ms,
+                num_replica_fetchers=config.num_replica_fetchers,
+                fetch_session=self.fetch_sessions.replica_session(),
+                replica_verify_interval_ms=config.replica_verify_interval_ms)
+        self.replica_fetch_wait_max_ms = config.replica_fetch_wait_max_ms
         self.metrics = CoordinatorMetrics()
         self.metrics.watch_replication(lambda: replication_summary(cluster.state()))
         self.metrics.watch_fetch_sessions(self.fetch_sessions.cache)
@@ -214,19 +164,12 @@ class Coordinator:
         self._rpc: Optional[RpcServer] = None
         #: whether an RPC worker is free: a coordinator that cannot serve gives the lease up
         self.serving = ServingWatch(MAX_WORKERS)
-        for name, value in (("quota.producer.default", quota_producer_default),
-                            ("quota.consumer.default", quota_consumer_default)):
-            if value is not None and not value > 0:
-                raise InvalidConfigError(f"{name} must be > 0 bytes per second, got {value!r}")
-        if quota_window_num < 2 or quota_window_size_s < 1:
-            raise InvalidConfigError("quota.window.num must be >= 2 and "
-                                     "quota.window.size.seconds >= 1")
         #: client quotas (KIP-13): the RecordUsage method's arithmetic and settings
         self.quotas = QuotaService(
-            cluster, defaults={k: v for k, v in ((PRODUCE, quota_producer_default),
-                                                 (FETCH, quota_consumer_default))
+            cluster, defaults={k: v for k, v in ((PRODUCE, config.quota_producer_default),
+                                                 (FETCH, config.quota_consumer_default))
                                if v is not None},
-            window_num=quota_window_num, window_size_s=quota_window_size_s,
+            window_num=config.quota_window_num, window_size_s=config.quota_window_size_s,
             on_usage=self.metrics.count_usage)
         self.metrics.watch_client_quotas(self.quotas.usage)
         self._methods = {"Status": (self._status, False), "Ping": (self._ping, False),

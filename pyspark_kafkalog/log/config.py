@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from ..config_def import (BOOLEAN, INT, INT_MAX, LONG, LONG_MAX, STRING, ConfigDef, at_least,
-                          between, one_of)
+from ..config_def import (BOOLEAN, INT, INT_MAX, LONG, LONG_MAX, STRING, Check, ConfigDef,
+                          at_least, between, check, one_of)
 from ..errors import InvalidConfigError
 from ..format.codecs import codec_id
 from ..format.records import LOG_APPEND_TIME, parse_timestamp_type
@@ -35,11 +35,13 @@ def magic_for_format_version(value: Any) -> int:
     return 2
 
 
+@check("[none, gzip, snappy, lz4, zstd, producer]")
 def _compression(name: str, value: str, raw: Any) -> None:
     if value.lower() != "producer":
         codec_id(value)
 
 
+@check("a Kafka version (0.9.0, 0.10.2, 3.0-IV1, ...) or a magic 0, 1, 2")
 def _format_version(name: str, value: str, raw: Any) -> None:
     magic_for_format_version(value)
 
@@ -67,7 +69,8 @@ TOPIC_CONFIGS = (
             validator=at_least(0))
     .define("message.timestamp.type", STRING, "CreateTime",
             "CreateTime (the producer's) or LogAppendTime (the write's commit time)",
-            validator=lambda name, value, raw: parse_timestamp_type(value),
+            validator=Check(lambda name, value, raw: parse_timestamp_type(value),
+                            "[CreateTime, LogAppendTime]"),
             convert=parse_timestamp_type)
     .define("message.format.version", STRING, "3.0-IV1",
             "the record format written (0.9.0: magic 0, 0.10.x: magic 1, later: magic 2)",

@@ -41,15 +41,15 @@ BACKOFF_S = 0.1
 def coordinator(root, token, lease_ms, fetch_wait_ms, lag_ms, session_ms):
     import logging
     from pyspark_kafkalog.cluster.cluster import Cluster
+    from pyspark_kafkalog.coordinator.config import CoordinatorConfig
     from pyspark_kafkalog.coordinator.service import Coordinator
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {os.getpid()} %(levelname)s %(name)s: %(message)s")
-    c = Coordinator(Cluster(root, create=False, fsync=False), token=token,
-                    lease_ms=int(lease_ms), maintenance=False, metrics_port=None,
-                    replica_fetch_wait_max_ms=int(fetch_wait_ms),
-                    replica_lag_time_max_ms=int(lag_ms),
-                    broker_session_timeout_ms=int(session_ms))
+    c = Coordinator(Cluster(root, create=False, fsync=False), CoordinatorConfig.of(
+        lease_ms=int(lease_ms), maintenance=False, metrics_port=None,
+        replica_fetch_wait_max_ms=int(fetch_wait_ms), replica_lag_time_max_ms=int(lag_ms),
+        broker_session_timeout_ms=int(session_ms)), token=token)
     signal.signal(signal.SIGTERM, lambda *_: c.request_stop())
     c.start()
     emit({"serving": c.holder, "pid": os.getpid(), "epoch": c.epoch})

@@ -50,6 +50,7 @@ def coordinator(root, token, lease_ms, fetch_wait_ms, lag_ms, slow_ms, seed):
     import logging
     from pyspark_kafkalog.cluster.cluster import Cluster
     from pyspark_kafkalog.coordinator import copier, replicator
+    from pyspark_kafkalog.coordinator.config import CoordinatorConfig
     from pyspark_kafkalog.coordinator.service import Coordinator
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -86,10 +87,10 @@ def coordinator(root, token, lease_ms, fetch_wait_ms, lag_ms, slow_ms, seed):
         replicator.Replicator._submit = _submit
         replicator.Replicator._write_derived = _write_derived
 
-    c = Coordinator(Cluster(root, create=False, fsync=False), token=token,
-                    lease_ms=int(lease_ms), maintenance=False, metrics_port=None,
-                    replica_fetch_wait_max_ms=int(fetch_wait_ms),
-                    replica_lag_time_max_ms=int(lag_ms))
+    c = Coordinator(Cluster(root, create=False, fsync=False), CoordinatorConfig.of(
+        lease_ms=int(lease_ms), maintenance=False, metrics_port=None,
+        replica_fetch_wait_max_ms=int(fetch_wait_ms), replica_lag_time_max_ms=int(lag_ms)),
+        token=token)
     signal.signal(signal.SIGTERM, lambda *_: c.request_stop())
     c.start()
     emit({"serving": c.holder, "pid": os.getpid(), "epoch": c.epoch})
