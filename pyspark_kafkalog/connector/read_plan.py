@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 from ..errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from ..log.segment import ReadStats
@@ -187,12 +187,23 @@ def subscribed_partitions(source: ReadSource, sub: Subscription) -> List[TopicPa
                     f"option assign={sub.value}: partition {topic}-{p} does not exist in "
                     f"{source.url}")
         return sorted(set(sub.assign))
-    if sub.kind == "subscribe":
-        topics = sorted(set(sub.topics))
-    else:
-        rx = re.compile(sub.pattern)
-        topics = [t for t in source.topics() if t not in INTERNAL_TOPICS and rx.fullmatch(t)]
+    topics = subscribed_topics(sub, None if sub.kind == "subscribe" else source.topics())
     return [(t, p) for t in topics for p in source.partitions(t)]
+
+
+def subscribed_topics(sub: Subscription, existing: Optional[Iterable[str]]) -> List[str]:
+    """The topics a subscription names, sorted; the one matching rule of batch reads and
+    streams. ``assign``: every topic it names. ``subscribe``: its topics, only those in
+    ``existing`` when that is given (None: not listed, a missing topic has no partitions).
+    ``subscribePattern``: the topics of ``existing`` the pattern matches as a whole (Java's
+    ``matcher().matches()``), Kafka's internal topics left out."""
+    if sub.kind == "assign":
+        return sorted({t for t, _ in sub.assign})
+    if sub.kind == "subscribe":
+        names = set(sub.topics)
+        return sorted(names if existing is None else names.intersection(existing))
+    rx = re.compile(sub.pattern)
+    return sorted(t for t in (existing or ()) if t not in INTERNAL_TOPICS and rx.fullmatch(t))
 
 
 def _check_covers(limit: Optional[OffsetLimit], tps: List[TopicPartition]) -> None:

@@ -13,7 +13,6 @@ batch Spark replays after a crash reads the same records.
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -24,8 +23,9 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 
 from ..connector.range_reader import missing_committed, missing_committed_message
-from ..connector.read_plan import ReadSplit, ReadTask, pack, range_bytes, split, starting_offset
-from ..connector.sources import INTERNAL_TOPICS, ClusterSource, open_source
+from ..connector.read_plan import (ReadSplit, ReadTask, pack, range_bytes, split, starting_offset,
+                                   subscribed_topics)
+from ..connector.sources import ClusterSource, open_source
 from ..connector.stream_plan import (Limits, SourceOffset, admit, advance_gaps, batch_ranges,
                                    open_gaps)
 from ..errors import (InvalidConfigError, KafkaLogError, OffsetOutOfRangeError,
@@ -121,13 +121,7 @@ class KafkaLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         object otherwise, which the fetch session compares at no cost)."""
         sub = self.options.subscription
         topics = self._positions.topics()
-        if sub.kind == "assign":
-            names = sorted({t for t, _ in sub.assign})
-        elif sub.kind == "subscribe":
-            names = [t for t in sorted(set(sub.topics)) if t in topics]
-        else:
-            rx = re.compile(sub.pattern)
-            names = [t for t in sorted(topics) if t not in INTERNAL_TOPICS and rx.fullmatch(t)]
+        names = subscribed_topics(sub, topics)
         key = tuple((t, topics.get(t, 0), self._positions.state.topics[t]["topic_id"]
                      if t in topics else None) for t in names)
         if key != self._subs_key:
