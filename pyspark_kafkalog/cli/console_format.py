@@ -15,6 +15,7 @@ import json
 import sys
 from typing import Dict, Iterable, List, Optional
 
+from ..config_def import parse_bool
 from ..errors import InvalidConfigError, InvalidRecordError
 from ..format.records import Record
 from .jsonlines import parse_records
@@ -66,9 +67,13 @@ def properties(pairs: Iterable[str], known: Dict[str, str], fmt: str) -> Dict[st
             raise InvalidConfigError(f"--property {pair!r}: expected NAME=VALUE")
         if name not in known:
             raise InvalidConfigError(f"unknown --property {name!r}; known: {', '.join(known)}")
-        if name in _BOOLEAN and value.lower() not in ("true", "false"):
-            raise InvalidConfigError(f"--property {name} takes true or false, not {value!r}")
-        out[name] = value.lower() if name in _BOOLEAN else _unescape(value)
+        if name in _BOOLEAN:
+            try:
+                value = str(parse_bool(name, value)).lower()
+            except InvalidConfigError:
+                raise InvalidConfigError(
+                    f"--property {name} takes true or false, not {value!r}") from None
+        out[name] = value if name in _BOOLEAN else _unescape(value)
     return out
 
 

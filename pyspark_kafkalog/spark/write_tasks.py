@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Mapping, Optional
 
+from ..config_def import parse_bool
 from .write_options import max_tasks
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ def write_tasks(spark, options: Mapping[str, object]) -> Optional[int]:
     if n is not None:
         return n or None
     conf = spark.sparkContext.getConf()
-    if conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true":
+    if parse_bool("spark.dynamicAllocation.enabled",
+                  conf.get("spark.dynamicAllocation.enabled", "false")):
         return None
     return max(1, int(spark.sparkContext.defaultParallelism))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from ..config_def import parse_bool
 from ..errors import InvalidConfigError
 from .base import FileInfo, Storage, StorageGuarantees
 from .local import LocalStorage
@@ -68,12 +69,11 @@ def open_storage(url: str, **storage_options) -> Storage:
 
 
 def _flag(name: str, value) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text not in ("true", "false"):
-        raise InvalidConfigError(f"storage option {name} must be true or false, not {value!r}")
-    return text == "true"
+    try:
+        return parse_bool(name, value)
+    except InvalidConfigError:
+        raise InvalidConfigError(
+            f"storage option {name} must be true or false, not {value!r}") from None
 
 
 def _local_path(url: str, scheme: str) -> str:
