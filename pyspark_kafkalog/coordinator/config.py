@@ -14,10 +14,11 @@ from typing import Any, Dict, Mapping, Optional, Union
 from ..cluster.config import read_properties_file
 from ..cluster.quotas import check_new_rate
 from ..config_def import (BOOLEAN, DOUBLE, INT, LONG, STRING, ConfigDef, at_least, between,
-                          check, invalid, one_of)
+                          check, one_of)
 from ..errors import InvalidConfigError
 from .fetch_session import DEFAULT_CACHE_SLOTS, MIN_EVICTION_MS
-from .quota_manager import DEFAULT_WINDOW_NUM, DEFAULT_WINDOW_SIZE_S
+from .quota_manager import (DEFAULT_WINDOW_NUM, DEFAULT_WINDOW_SIZE_S, WINDOW_NUM_RULE,
+                            WINDOW_SIZE_RULE)
 from .replicator import (DEFAULT_BROKER_SESSION_TIMEOUT_MS, DEFAULT_REPLICA_LAG_TIME_MAX_MS,
                          DEFAULT_REPLICA_VERIFY_INTERVAL_MS)
 from .scheduler import KEYS as MAINTENANCE_KEYS, SchedulerConfig
@@ -98,9 +99,9 @@ COORDINATOR_SETTINGS = (
             validator=_rate)
     .define("quota.window.num", INT, DEFAULT_WINDOW_NUM,
             "samples of the quota window; a client may use num - 1 windows of its quota at "
-            "once", validator=at_least(2))
+            "once", validator=WINDOW_NUM_RULE)
     .define("quota.window.size.seconds", INT, DEFAULT_WINDOW_SIZE_S,
-            "seconds of one quota window sample", validator=at_least(1),
+            "seconds of one quota window sample", validator=WINDOW_SIZE_RULE,
             attr="quota_window_size_s")
     .define("max.incremental.fetch.session.cache.slots", INT, DEFAULT_CACHE_SLOTS,
             "fetch sessions (KIP-227) the cache holds at most (0: none)",
@@ -108,16 +109,6 @@ COORDINATOR_SETTINGS = (
 #: every key the file may hold
 ALL_KEYS = frozenset(COORDINATOR_SETTINGS.names()) | MAINTENANCE_KEYS
 _DEFAULTS = COORDINATOR_SETTINGS.defaults(by_attr=True)
-
-
-def check_quota_window(window_num: Any, window_size_s: Any) -> None:
-    """The one rule of the quota window (the settings' and ``QuotaManager``'s): its validators
-    in :data:`COORDINATOR_SETTINGS`, on numbers (``QuotaManager`` takes seconds as a float)."""
-    for name, value in (("quota.window.num", window_num),
-                        ("quota.window.size.seconds", window_size_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise invalid(name, value, "a number")
-        COORDINATOR_SETTINGS[name].validator(name, value, value)
 
 
 @dataclass(frozen=True)

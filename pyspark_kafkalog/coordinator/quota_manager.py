@@ -45,15 +45,29 @@ import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Optional, Tuple
+
+from ..config_def import at_least, invalid
 
 DEFAULT_WINDOW_NUM = 11          # Kafka's quota.window.num
 DEFAULT_WINDOW_SIZE_S = 1        # Kafka's quota.window.size.seconds
+#: the bounds of both, Kafka's: the validators of the coordinator's settings (config.py) too
+WINDOW_NUM_RULE, WINDOW_SIZE_RULE = at_least(2), at_least(1)
 #: Kafka's ClientQuotaManager drops a client id's sensors after an hour without a request; a
 #: coordinator runs for weeks and client ids can be per job, so it forgets them too
 INACTIVE_EXPIRY_S = 3600.0
 #: Kafka's Rate.windowSize is never less than 1 ms
 _MIN_ELAPSED_S = 0.001
+
+
+def check_quota_window(window_num: Any, window_size_s: Any) -> None:
+    """The one rule of the quota window, for the settings and :class:`QuotaManager` (which
+    takes seconds as a float): :data:`WINDOW_NUM_RULE`, :data:`WINDOW_SIZE_RULE`."""
+    for name, value, rule in (("quota.window.num", window_num, WINDOW_NUM_RULE),
+                              ("quota.window.size.seconds", window_size_s, WINDOW_SIZE_RULE)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise invalid(name, value, "a number")
+        rule(name, value, value)
 
 
 @dataclass
@@ -82,7 +96,6 @@ class QuotaManager:
                  window_num: int = DEFAULT_WINDOW_NUM,
                  window_size_s: float = DEFAULT_WINDOW_SIZE_S,
                  inactive_expiry_s: float = INACTIVE_EXPIRY_S):
-        from .config import check_quota_window   # the settings' rule (config imports this)
         check_quota_window(window_num, window_size_s)
         self.quota = quota
         self.window_num = window_num
