@@ -27,38 +27,22 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
 import time
 
 from procs.replication_child import _error
-from procs.torture_common import emit, make_key, now_ms, value_for
+from procs.torture_common import (emit, log_to_stderr, make_key, now_ms, serve_coordinator,
+                                  value_for)
 
 #: after a failed unit (Kafka's retry.backoff.ms is 100)
 BACKOFF_S = 0.1
 
 
 def coordinator(root, token, lease_ms, fetch_wait_ms, lag_ms, session_ms):
-    import logging
-    from pyspark_kafkalog.cluster.cluster import Cluster
-    from pyspark_kafkalog.coordinator.config import CoordinatorConfig
-    from pyspark_kafkalog.coordinator.service import Coordinator
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {os.getpid()} %(levelname)s %(name)s: %(message)s")
-    c = Coordinator(Cluster(root, create=False, fsync=False), CoordinatorConfig.of(
-        lease_ms=int(lease_ms), maintenance=False, metrics_port=None,
-        replica_fetch_wait_max_ms=int(fetch_wait_ms), replica_lag_time_max_ms=int(lag_ms),
-        broker_session_timeout_ms=int(session_ms)), token=token)
-    signal.signal(signal.SIGTERM, lambda *_: c.request_stop())
-    c.start()
-    emit({"serving": c.holder, "pid": os.getpid(), "epoch": c.epoch})
-    try:
-        while not c.wait(0.5):
-            pass
-    finally:
-        c.stop()
-    emit({"stopped": c.holder, "reason": c.exit_reason})
+    log_to_stderr()
+    serve_coordinator(root, token, lease_ms, replica_fetch_wait_max_ms=int(fetch_wait_ms),
+                      replica_lag_time_max_ms=int(lag_ms),
+                      broker_session_timeout_ms=int(session_ms))
 
 
 def producer(root, wid, seed, stop, topic):

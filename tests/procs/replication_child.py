@@ -38,7 +38,8 @@ import sys
 import time
 import traceback
 
-from procs.torture_common import emit, make_key, now_ms, value_for
+from procs.torture_common import (emit, log_to_stderr, make_key, now_ms, serve_coordinator,
+                                  value_for)
 
 
 def _error(exc: BaseException, where: str) -> None:
@@ -47,14 +48,9 @@ def _error(exc: BaseException, where: str) -> None:
 
 
 def coordinator(root, token, lease_ms, fetch_wait_ms, lag_ms, slow_ms, seed):
-    import logging
-    from pyspark_kafkalog.cluster.cluster import Cluster
     from pyspark_kafkalog.coordinator import copier, replicator
-    from pyspark_kafkalog.coordinator.config import CoordinatorConfig
-    from pyspark_kafkalog.coordinator.service import Coordinator
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {os.getpid()} %(levelname)s %(name)s: %(message)s")
+    log_to_stderr()
     slow_s, seed = int(slow_ms) / 1000, int(seed)
     if slow_s > 0:
         chunks = copier._chunks
@@ -87,19 +83,8 @@ def coordinator(root, token, lease_ms, fetch_wait_ms, lag_ms, slow_ms, seed):
         replicator.Replicator._submit = _submit
         replicator.Replicator._write_derived = _write_derived
 
-    c = Coordinator(Cluster(root, create=False, fsync=False), CoordinatorConfig.of(
-        lease_ms=int(lease_ms), maintenance=False, metrics_port=None,
-        replica_fetch_wait_max_ms=int(fetch_wait_ms), replica_lag_time_max_ms=int(lag_ms)),
-        token=token)
-    signal.signal(signal.SIGTERM, lambda *_: c.request_stop())
-    c.start()
-    emit({"serving": c.holder, "pid": os.getpid(), "epoch": c.epoch})
-    try:
-        while not c.wait(0.5):
-            pass
-    finally:
-        c.stop()
-    emit({"stopped": c.holder, "reason": c.exit_reason})
+    serve_coordinator(root, token, lease_ms, replica_fetch_wait_max_ms=int(fetch_wait_ms),
+                      replica_lag_time_max_ms=int(lag_ms))
 
 
 #: errors after which a write is aborted (docs/protocol.md §1.3, acks=all): never visible

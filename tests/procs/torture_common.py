@@ -66,3 +66,32 @@ def complete_json_lines(path) -> Iterator[dict]:
             yield json.loads(line)
         except ValueError:
             continue
+
+
+def log_to_stderr() -> None:
+    """The child's log lines on stderr, with its pid (the parent shows them when a check fails)."""
+    import logging
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s {os.getpid()} %(levelname)s %(name)s: %(message)s")
+
+
+def serve_coordinator(root, token, lease_ms, **options) -> None:
+    """A coordinator child's main loop: serve (no scheduled maintenance, no metrics port) until
+    SIGTERM, printing {"serving": holder, ...} once it runs and {"stopped": holder, ...} after a
+    clean stop; ``options`` go to ``Coordinator``."""
+    import signal
+    from pyspark_kafkalog.cluster.cluster import Cluster
+    from pyspark_kafkalog.coordinator.config import CoordinatorConfig
+    from pyspark_kafkalog.coordinator.service import Coordinator
+
+    c = Coordinator(Cluster(root, create=False, fsync=False), CoordinatorConfig.of(
+        lease_ms=int(lease_ms), maintenance=False, metrics_port=None, **options), token=token)
+    signal.signal(signal.SIGTERM, lambda *_: c.request_stop())
+    c.start()
+    emit({"serving": c.holder, "pid": os.getpid(), "epoch": c.epoch})
+    try:
+        while not c.wait(0.5):
+            pass
+    finally:
+        c.stop()
+    emit({"stopped": c.holder, "reason": c.exit_reason})

@@ -16,7 +16,9 @@ What is checked, and how:
 """
 from __future__ import annotations
 
+import logging
 import random
+import re
 import threading
 import time
 import types
@@ -32,7 +34,7 @@ from kafka.partitioner.default import murmur2 as kp_murmur2
 from kafka.record.memory_records import MemoryRecords
 
 from support.spark_support import write
-from support.coordinator_support import eventually
+from support.polling import eventually
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.connector.arrow_writer import TaskWriter
 from pyspark_kafkalog.cluster.cluster import Cluster
@@ -487,7 +489,6 @@ def test_max_tasks_keeps_options_and_mode_and_refuses_bad_values(ks, tmp_path):
     ({"path": "/x", "kafka.value.serializer": "x"}, "as in Spark's Kafka sink"),
     ({"path": "/x", "kafka.lingerr.ms": "5"}, "not a Kafka producer config"),
     ({"path": "/x", "subscribe": "t"}, "read option"),
-    ({"path": "/x", "topik": "t"}, "unknown option topik='t'.*did you mean topic"),
     ({"path": "/x", "compression.type": "brotli"}, "unknown compression codec"),
     ({"path": "/x", "compression.type": "zstd", "message.format.version": "0.10.2"}, "zstd"),
     ({"path": "/x", "message.format.version": "banana"}, "message.format.version"),
@@ -503,6 +504,17 @@ def test_max_tasks_keeps_options_and_mode_and_refuses_bad_values(ks, tmp_path):
 def test_option_errors(opts, needle):
     with pytest.raises(KafkaLogError, match=needle):
         WriteOptions.parse(opts)
+
+
+def test_an_unknown_option_is_a_warning(caplog):
+    """Spark's Kafka sink ignores options it does not know (#34): a warning naming the option
+    and the known one it most likely meant (this case was an error before)."""
+    with caplog.at_level(logging.WARNING, logger="pyspark_kafkalog.spark.option_table"):
+        o = WriteOptions.parse({"path": "/x", "topik": "t"})
+    assert o.topic is None
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert re.search("unknown option topik='t'.*did you mean topic", warned[0])
 
 
 def test_options_parse():

@@ -7,13 +7,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.cli_support import REPO
+from support.polling import eventually  # noqa: F401  (its deadline here: DEADLINE_S below)
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.coordinator import quota_client
 from pyspark_kafkalog.coordinator.config import CoordinatorConfig
@@ -24,22 +24,6 @@ CLI = [sys.executable, "-m", "pyspark_kafkalog.cli.main"]
 TOKEN = "0123456789abcdef" * 4
 LEASE_MS = 1500
 CONF = REPO / "conf"
-
-
-def eventually(predicate, what: str, deadline_s: float = DEADLINE_S, describe=None,
-               interval_s: float = 0.05):
-    """Poll ``predicate`` until it returns something true; fail naming ``what`` (and what
-    ``describe()`` says of the state then) if it never does within a deadline far beyond what
-    the tests need."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"never happened within {deadline_s} s: {what}"
-                        + (f"; {describe()}" if describe else ""))
-        time.sleep(interval_s)
 
 
 def metrics_of(url_: str) -> dict:

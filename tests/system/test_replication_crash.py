@@ -32,20 +32,20 @@ Timeouts are generous and only guard against hangs: nothing here asserts on timi
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import random
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from support.coordinator_support import eventually as poll_until
-from procs.torture_common import complete_json_lines, make_key, value_for
+from support.polling import eventually as poll_until
+from support.processes import ChildProcess
+from procs.torture_common import make_key, value_for
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.cluster.isr import replica_end
@@ -58,8 +58,6 @@ SCALE = max(1, int(os.environ.get("KAFKALOG_TORTURE_SCALE", "1")))
 SEED = int(os.environ.get("KAFKALOG_SEED", "0")) or random.randrange(1 << 30)
 HERE = Path(__file__).resolve().parents[1]          # tests/
 CHILD = HERE / "procs" / "replication_child.py"
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
-PYTHON = os.environ.get("PYSPARK_PYTHON") or sys.executable
 TOKEN = "0123456789abcdef" * 4
 LEASE_MS = 1000
 FETCH_WAIT_MS = 50          # replica.fetch.wait.max.ms: a pass right after the last
@@ -69,38 +67,18 @@ TAIL_SLOW_MS = 1            # ... and in test 2
 DEADLINE_S = 180            # only against hangs; the machine may be shared
 
 
-def eventually(predicate, what: str, deadline_s: float = DEADLINE_S, describe=None):
-    return poll_until(predicate, what, deadline_s, describe, interval_s=0.1)
+eventually = functools.partial(poll_until, deadline_s=DEADLINE_S, interval_s=0.1)
 SEGMENT = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 SEGMENT_CONFIG = {"segment.bytes": "4096", "index.interval.bytes": "512"}
 
 
 # -- processes --------------------------------------------------------------------------------
 
-class Child:
-    """A child with stdout and stderr in files, so a kill loses nothing it printed whole."""
+class Child(ChildProcess):
+    """A replication child (tests/procs/replication_child.py)."""
 
     def __init__(self, tmp: Path, name: str, *args):
-        self.name = name
-        self.out, self.err = tmp / f"{name}.out", tmp / f"{name}.err"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen([PYTHON, str(CHILD), *map(str, args)], stdout=out,
-                                         stderr=err, env=ENV)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def lines(self):
-        return list(complete_json_lines(self.out))
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=DEADLINE_S)
+        super().__init__(tmp, name, CHILD, *args, deadline_s=DEADLINE_S)
 
     def stop(self) -> int:
         """SIGTERM: a coordinator stops cleanly and releases its lease (once it serves: its
@@ -110,12 +88,6 @@ class Child:
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=DEADLINE_S)
-
-    def stderr_tail(self, n: int = 3000) -> str:
-        try:
-            return self.err.read_text()[-n:]
-        except FileNotFoundError:
-            return ""
 
 
 class Coordinators:

@@ -39,23 +39,22 @@ time spent in each phase; ``KAFKALOG_SEED`` fixes the producers' random choices.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import random
 import re
-import signal
 import stat
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from support.coordinator_support import eventually as poll_until
+from support.polling import eventually as poll_until
+from support.processes import ChildProcess
 
-from procs.torture_common import complete_json_lines, value_for
+from procs.torture_common import value_for
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.maintenance.metadata_check import verify
 from pyspark_kafkalog.cluster.metalog import LOG_DIR, entry_name, parse_json
@@ -66,8 +65,6 @@ SEED = int(os.environ.get("KAFKALOG_SEED", "0")) or random.randrange(1 << 30)
 HERE = Path(__file__).resolve().parents[1]          # tests/
 FAILOVER_CHILD = HERE / "procs" / "failover_child.py"
 REPLICATION_CHILD = HERE / "procs" / "replication_child.py"
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
-PYTHON = os.environ.get("PYSPARK_PYTHON") or sys.executable
 TOKEN = "0123456789abcdef" * 4
 LEASE_MS = 2000
 FETCH_WAIT_MS = 50            # replica.fetch.wait.max.ms
@@ -85,42 +82,14 @@ SEGMENT = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 
 # -- processes --------------------------------------------------------------------------------
 
-class Child:
-    """A child with stdout and stderr in files (a kill loses nothing printed whole)."""
+class Child(ChildProcess):
+    """A failover or replication child (tests/procs/failover_child.py, replication_child.py)."""
 
     def __init__(self, tmp: Path, name: str, script: Path, *args):
-        self.name = name
-        self.out, self.err = tmp / f"{name}.out", tmp / f"{name}.err"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen([PYTHON, str(script), *map(str, args)], stdout=out,
-                                         stderr=err, env=ENV)
-
-    def lines(self):
-        return list(complete_json_lines(self.out))
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=DEADLINE_S)
-
-    def terminate(self) -> int:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=DEADLINE_S)
-
-    def stderr_tail(self, n: int = 3000) -> str:
-        try:
-            return self.err.read_text()[-n:]
-        except FileNotFoundError:
-            return ""
+        super().__init__(tmp, name, script, *args, deadline_s=DEADLINE_S)
 
 
-def eventually(predicate, what: str, deadline_s: float = DEADLINE_S, describe=None,
-               step: float = 0.05):
-    return poll_until(predicate, what, deadline_s, describe, interval_s=step)
+eventually = functools.partial(poll_until, deadline_s=DEADLINE_S)
 
 
 def coordinator(tmp: Path, name: str, url: str) -> Child:
