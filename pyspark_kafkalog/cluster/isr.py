@@ -43,6 +43,18 @@ def subtract_ranges(ranges: List[list], minus: List[list]) -> List[list]:
     return out
 
 
+def committed_missing(ps, within: List[list], coverage: List[list]) -> List[list]:
+    """``[start, end)`` ranges the metadata holds as committed, at or above the log start offset
+    and inside ``within``, that ``coverage`` (what files were found to hold) does not: data a
+    replica or a reader should find and does not. Aborted and truncated ranges need no bytes,
+    so only committed ones count. The one rule of both the replica check (a follower short of
+    what ``held`` says) and the readers (committed data lost on storage)."""
+    lo = ps.log_start_offset
+    committed = merge_ranges([[max(s, lo), e] for s, e, _ in ps.committed if e > lo])
+    claimed = subtract_ranges(committed, subtract_ranges(committed, merge_ranges(within)))
+    return subtract_ranges(claimed, merge_ranges(coverage))
+
+
 def holds(held: List[list], start: int, end: int) -> bool:
     """Whether merged ranges ``held`` cover all of ``[start, end)``."""
     return start >= end or any(s <= start and end <= e for s, e in held)

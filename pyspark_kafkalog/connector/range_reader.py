@@ -37,7 +37,7 @@ from ..arrow.arrow_decode import decode_spark_arrays
 from ..format.columnar import arrow_arrays, decode_columns
 from ..log.segment import ReadStats
 from ..log.transactions import aborted_mask
-from ..cluster.isr import merge_ranges, subtract_ranges
+from ..cluster.isr import committed_missing
 
 DEFAULT_MAX_BYTES = 1 << 20
 _log = logging.getLogger(__name__)
@@ -325,8 +325,7 @@ def missing_committed(handle, log, start: int, end: int,
         return []
     ps = PartitionState.from_json(handle.state)
     lo, hi = max(start, ps.log_start_offset), min(end, handle.high_watermark)
-    committed = [(max(s, lo), min(e, hi)) for s, e, _ in ps.committed if max(s, lo) < min(e, hi)]
-    if not committed:
+    if not any(max(s, lo) < min(e, hi) for s, e, _ in ps.committed):
         return []
     held = []
     segments = log.segments
@@ -339,8 +338,7 @@ def missing_committed(handle, log, start: int, end: int,
         if seg_end is None:
             return []
         held.append((seg.base_offset, seg_end))
-    missing = subtract_ranges([list(c) for c in committed], merge_ranges(held))
-    return [(s, e - 1) for s, e in missing]
+    return [(s, e - 1) for s, e in committed_missing(ps, [[lo, hi]], held)]
 
 
 def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from ..cluster.isr import merge_ranges, subtract_ranges
+from ..cluster.isr import committed_missing, merge_ranges
 from ..errors import KafkaLogError
 from ..log.file_names import log_file_base
 from ..log.segment import LogSegment
@@ -65,10 +65,7 @@ def lacking(ps, held: List[list], coverage: List[List[int]]) -> List[List[int]]:
     """The committed ranges at or above the log start offset that ``held`` names and
     ``coverage`` does not: what a follower was recorded to hold and does not. Aborted and
     truncated ranges need no bytes, so only committed ones count."""
-    lo = ps.log_start_offset
-    committed = merge_ranges([[max(s, lo), e] for s, e, _ in ps.committed if e > lo])
-    claimed = subtract_ranges(committed, subtract_ranges(committed, held))
-    return subtract_ranges(claimed, coverage)
+    return committed_missing(ps, held, coverage)
 
 
 def describe(ranges: List[List[int]], limit: int = 3) -> str:
