@@ -3,7 +3,10 @@ Spark's Kafka source names and meanings.
 
 Every option Spark's Kafka source documents (structured-streaming-kafka-integration) is either
 supported with the same meaning, accepted as a documented no-op, or rejected with a reason.
-Anything else is an error naming the option, so a typo never silently reads the wrong thing.
+Anything else is ignored with a warning naming the option and, for a likely typo, the option it
+probably meant, as Spark's Kafka source ignores options it does not know. Each option is declared
+once, in ``READ_OPTIONS`` below (type, default, validator, doc); docs/user-guide.md and
+docs/streaming.md show it, checked by tests/spark/test_option_tables.py.
 Option names are case-insensitive, as in Spark. Errors are :class:`InvalidConfigError` and name
 the option and its value.
 
@@ -108,91 +111,36 @@ the bytes it read (``ReadStats``) to that local file, so tests can assert on byt
 """
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 
-from ..connector.read_plan import (DEFAULT_MAX_PARTITION_BYTES, DEFAULT_OPEN_COST_IN_BYTES,
-                                 EARLIEST, LATEST, OffsetLimit, Subscription)
+from ..connector.read_plan import EARLIEST, LATEST, OffsetLimit, Subscription
+from ..config_def import (BOOLEAN, INT, LONG, NO_DEFAULT, STRING, at_least, one_of,
+                          parse_integer)
 from ..errors import InvalidConfigError
+from .option_table import (NO_OP, REJECTED, STREAMING, OptionTable, lower_text, raw_text)
 
-# lower-case key -> canonical spelling
-SUPPORTED = {k.lower(): k for k in (
-    "path", "assign", "subscribe", "subscribePattern", "startingOffsets", "endingOffsets",
-    "startingOffsetsByTimestamp", "startingTimestamp", "endingOffsetsByTimestamp",
-    "endingTimestamp", "startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions",
-    "maxRecordsPerPartition", "maxPartitionBytes", "openCostInBytes", "includeHeaders",
-    "kafka.isolation.level", "readToLogEnd", "kafka.client.id", "coordinator.tokenFile",
-    "kafkalog.test.statsFile")}
-#: options only streaming queries act on (spark/stream_reader.py); batch reads ignore them, as
-#: Spark's batch source ignores the trigger options
-STREAMING = {k.lower(): k for k in (
-    "kafka.group.id", "groupIdPrefix", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
-    "maxTriggerDelay", "maxBytesPerTrigger", "fastCatchUp", "enable.parallel.rebalance",
-    "fastCatchUpThreshold", "fastCatchUpRecordsPerTrigger")}
-NO_OPS = {k.lower(): k for k in (
-    "fetchOffset.numRetries", "fetchOffset.retryIntervalMs", "kafkaConsumer.pollTimeoutMs")}
-REJECTED = {
-    "kafka.bootstrap.servers": "kafkalog reads Kafka's log files from storage, there are no "
-                               "brokers to connect to: remove it and name the data with "
-                               "load(path) or option('path', ...)",
-    "kafka.auto.offset.reset": "not supported (as in Spark's Kafka source): set startingOffsets "
-                               "to 'earliest' or a JSON of offsets instead",
-    "kafka.key.deserializer": "not supported (as in Spark's Kafka source): keys are binary; "
-                              "deserialize them with DataFrame operations",
-    "kafka.value.deserializer": "not supported (as in Spark's Kafka source): values are binary; "
-                                "deserialize them with DataFrame operations",
-    "kafka.enable.auto.commit": "not supported (as in Spark's Kafka source): batch reads commit "
-                                "no offsets",
-    "kafka.interceptor.classes": "not supported (as in Spark's Kafka source): there is no "
-                                 "consumer to intercept",
-    "topic": "a write option; to read, name topics with subscribe, subscribePattern or assign",
-    "paths": "format('kafkalog') reads one cluster root or log dir: load(path) with one path",
-}
-# Kafka consumer configs (ConsumerConfig and CommonClientConfigs): accepted under kafka.* and
-# ignored, since they tune a broker connection that does not exist here.
-_CONSUMER_CONFIGS = frozenset("""
-allow.auto.create.topics auto.commit.interval.ms auto.include.jmx.reporter check.crcs
-client.dns.lookup client.id client.rack connections.max.idle.ms default.api.timeout.ms enable.metrics.push
-exclude.internal.topics fetch.max.bytes fetch.max.wait.ms fetch.min.bytes group.instance.id
-group.protocol group.remote.assignor heartbeat.interval.ms internal.leave.group.on.close
-max.partition.fetch.bytes max.poll.interval.ms max.poll.records metadata.max.age.ms
-metadata.recovery.strategy metric.reporters metrics.num.samples metrics.recording.level
-metrics.sample.window.ms partition.assignment.strategy receive.buffer.bytes
-reconnect.backoff.max.ms reconnect.backoff.ms request.timeout.ms retry.backoff.max.ms
-retry.backoff.ms security.protocol security.providers send.buffer.bytes session.timeout.ms
-socket.connection.setup.timeout.max.ms socket.connection.setup.timeout.ms
-""".split())
-_CONSUMER_PREFIXES = ("ssl.", "sasl.")
 STORAGE_PREFIX = "storage."
 ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
-
-_JSON_OFFSETS_EXAMPLE = '{"topicA":{"0":23,"1":-1},"topicB":{"0":-2}}'
-_JSON_TIMESTAMPS_EXAMPLE = '{"topicA":{"0":1700000000000,"1":1700000000000}}'
-_JSON_ASSIGN_EXAMPLE = '{"topicA":[0,1],"topicB":[2,4]}'
 
 
 def _err(option: str, value, why: str) -> InvalidConfigError:
     return InvalidConfigError(f"option {option}={value!r}: {why}")
 
 
-def _bool(option: str, value: str) -> bool:
-    text = str(value).strip().lower()
-    if text in ("true", "false"):
-        return text == "true"
-    raise _err(option, value, "expected true or false")
-
-
-def _positive_int(option: str, value: str) -> int:
-    try:
-        n = int(str(value).strip())
-    except ValueError:
-        raise _err(option, value, "expected a positive integer") from None
-    if n <= 0:
-        raise _err(option, value, "must be positive")
-    return n
+def _duration_ms(option: str, value: str) -> int:
+    """Spark's time strings (``15m``, ``30s``, ``500ms``, ``1h``, ``2 days``) or plain ms."""
+    m = re.fullmatch(r"\s*(\d+)\s*(ms|milliseconds?|s|sec|seconds?|m|min|minutes?|h|hours?|"
+                     r"d|days?)?\s*", str(value).lower())
+    if not m:
+        raise _err(option, value, "expected a duration such as 15m, 30s or 500ms")
+    unit = (m.group(2) or "ms")
+    scale = (1 if unit.startswith("ms") or unit.startswith("milli") else
+             1000 if unit.startswith("s") else 60_000 if unit.startswith("m") else
+             3_600_000 if unit.startswith("h") else 86_400_000)
+    return int(m.group(1)) * scale
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
@@ -209,6 +157,151 @@ def _byte_size(option: str, value: str, allow_zero: bool = False) -> int:
     if n <= 0 and not allow_zero:
         raise _err(option, value, "must be positive")
     return n
+
+
+def _size(option: str, value) -> int:
+    return _byte_size(option, value)
+
+
+def _size_or_zero(option: str, value) -> int:
+    return _byte_size(option, value, allow_zero=True)
+
+
+def _rejected(reason: str):
+    """A validator that refuses every value, with the reason."""
+    def refuse(name, value, raw):
+        raise InvalidConfigError(f"option {name}={raw!r}: {reason}")
+    return refuse
+
+
+#: The read options, each declared once: Spark's Kafka source names and meanings (module doc).
+#: ``kind``: supported; streaming (only readStream acts on it: spark/stream_reader.py; batch
+#: reads ignore it, as Spark's batch source ignores the trigger options); no-op; rejected.
+READ_OPTIONS = OptionTable(
+    "read option", "format('kafkalog') reads", "pyspark_kafkalog/spark/read_options.py",
+    lambda name, raw, rule: _err(name, raw, f"must be {rule}"))
+_d = READ_OPTIONS.define
+_d("path", STRING, NO_DEFAULT, "a kafkalog cluster root or a Kafka log dir (load(path))")
+_d("assign", STRING, None, 'JSON {"topicA":[0,1]}; a partition that does not exist is an error')
+_d("subscribe", STRING, None, "comma-separated topics; a missing topic reads as empty")
+_d("subscribePattern", STRING, None,
+   "a regex matching whole topic names; Kafka's internal topics are left out")
+_d("startingOffsets", STRING, "earliest",
+   'earliest, latest (streams only) or JSON {"t":{"0":23,"1":-2}}; a stream\'s default is latest')
+_d("endingOffsets", STRING, "latest",
+   'latest or JSON {"t":{"0":42,"1":-1}} (batch only)')
+_d("startingOffsetsByTimestamp", STRING, None,
+   'JSON {"t":{"0":1700000000000}} (ms), through the .timeindex; over startingOffsets')
+_d("startingTimestamp", STRING, None, "one timestamp (ms) for every partition; over both above")
+_d("endingOffsetsByTimestamp", STRING, None, "as startingOffsetsByTimestamp (batch only)")
+_d("endingTimestamp", STRING, None, "as startingTimestamp (batch only)")
+_d("startingOffsetsByTimestampStrategy", STRING, "error",
+   "error fails when no offset matches a starting timestamp, latest starts at latest",
+   validator=one_of("error", "latest"), parser=lower_text, attr="starting_strategy")
+_d("failOnDataLoss", BOOLEAN, True, "fail on offsets deleted or past the high watermark",
+   attr="fail_on_data_loss")
+_d("minPartitions", INT, None, "split offset ranges into at least this many tasks",
+   validator=at_least(1), attr="min_partitions")
+_d("maxRecordsPerPartition", LONG, None, "at most this many offsets per task",
+   validator=at_least(1), attr="max_records_per_partition")
+_d("maxPartitionBytes", STRING, "128MB",
+   "log bytes one task packs ranges into; the session's spark.sql.files.maxPartitionBytes "
+   "where set", parser=_size, attr="max_partition_bytes")
+_d("openCostInBytes", STRING, "64KB",
+   "what each packed range costs on top of its bytes; the session's "
+   "spark.sql.files.openCostInBytes where set", parser=_size_or_zero, attr="open_cost_in_bytes")
+_d("includeHeaders", BOOLEAN, False, "adds the headers column", attr="include_headers")
+_d("kafka.isolation.level", STRING, "read_uncommitted",
+   "read_committed drops aborted Kafka transactions and stops at the last stable offset",
+   validator=one_of(*ISOLATION_LEVELS), parser=lower_text, attr="isolation_level")
+_d("readToLogEnd", BOOLEAN, False,
+   "read a Kafka log dir to its log end offset, not its checkpointed high watermark",
+   attr="read_to_log_end")
+_d("kafka.client.id", STRING, None,
+   "whose fetch quota (KIP-13) the tasks count against; default the empty client id",
+   parser=raw_text, attr="client_id")
+_d("coordinator.tokenFile", STRING, None,
+   "the coordinator's token file for the tasks (else $KAFKALOG_COORDINATOR_TOKEN)",
+   attr="coordinator_token_file")
+_d("kafkalog.test.statsFile", STRING, None,
+   "test only: each range read appends a JSON line of its bytes to this local file",
+   attr="stats_file", hidden=True)
+_d("storage.<name>", STRING, None, "a storage backend option (e.g. storage.endpoint_url)",
+   prefix=STORAGE_PREFIX, parser=raw_text)
+# streaming only
+_d("kafka.group.id", STRING, None, "a stream commits each batch's end offsets to this group",
+   kind=STREAMING, parser=raw_text, attr="group_id")
+_d("groupIdPrefix", STRING, None, "a stream commits to the group <prefix>-<uuid>",
+   kind=STREAMING, parser=raw_text, attr="group_id_prefix")
+_d("maxOffsetsPerTrigger", LONG, None, "at most this many offsets per micro-batch",
+   kind=STREAMING, validator=at_least(1), attr="max_offsets_per_trigger")
+_d("minOffsetsPerTrigger", LONG, None,
+   "wait for this many new offsets, at most maxTriggerDelay", kind=STREAMING,
+   validator=at_least(1), attr="min_offsets_per_trigger")
+_d("maxTriggerDelay", STRING, "15m", "how long minOffsetsPerTrigger waits at most",
+   kind=STREAMING, parser=lambda name, raw: _duration_ms(name, raw),
+   attr="max_trigger_delay_ms")
+_d("maxBytesPerTrigger", STRING, None, "kafkalog only: a byte budget per micro-batch",
+   kind=STREAMING, parser=_size, attr="max_bytes_per_trigger")
+_d("fastCatchUp", BOOLEAN, False, "KIP-333 fast catch-up of a stream that fell behind",
+   kind=STREAMING, attr="fast_catch_up")
+_d("enable.parallel.rebalance", BOOLEAN, False, "an alias of fastCatchUp", kind=STREAMING,
+   attr="fast_catch_up")
+_d("fastCatchUpThreshold", LONG, 100_000, "the backlog (offsets) that starts a catch-up",
+   kind=STREAMING, validator=at_least(1), attr="fast_catch_up_threshold")
+_d("fastCatchUpRecordsPerTrigger", LONG, 100_000, "records per micro-batch while catching up",
+   kind=STREAMING, validator=at_least(1), attr="fast_catch_up_records_per_trigger")
+# accepted and ignored
+_d("kafka.<consumer config>", STRING, None,
+   "a Kafka consumer config: client tuning of a broker connection that does not exist",
+   kind=NO_OP, prefix="kafka.")
+for _name, _doc in (("fetchOffset.numRetries", "no broker request to retry"),
+                    ("fetchOffset.retryIntervalMs", "no broker request to retry"),
+                    ("kafkaConsumer.pollTimeoutMs", "no consumer to poll")):
+    _d(_name, STRING, None, f"no-op: {_doc}", kind=NO_OP)
+for _name, _reason in (
+        ("kafka.bootstrap.servers",
+         "kafkalog reads Kafka's log files from storage, there are no brokers to connect to: "
+         "remove it and name the data with load(path) or option('path', ...)"),
+        ("kafka.auto.offset.reset", "not supported (as in Spark's Kafka source): set "
+                                    "startingOffsets to 'earliest' or a JSON of offsets instead"),
+        ("kafka.key.deserializer", "not supported (as in Spark's Kafka source): keys are binary; "
+                                   "deserialize them with DataFrame operations"),
+        ("kafka.value.deserializer", "not supported (as in Spark's Kafka source): values are "
+                                     "binary; deserialize them with DataFrame operations"),
+        ("kafka.enable.auto.commit", "not supported (as in Spark's Kafka source): batch reads "
+                                     "commit no offsets"),
+        ("kafka.interceptor.classes", "not supported (as in Spark's Kafka source): there is no "
+                                      "consumer to intercept"),
+        ("topic", "a write option; to read, name topics with subscribe, subscribePattern or "
+                  "assign"),
+        ("paths", "format('kafkalog') reads one cluster root or log dir: load(path) with one "
+                  "path")):
+    _d(_name, STRING, None, _reason, kind=REJECTED, validator=_rejected(_reason))
+del _d
+
+#: defaults that differ in a stream (docs/streaming.md)
+STREAMING_DEFAULTS = {"startingOffsets": "latest"}
+
+# Kafka consumer configs (ConsumerConfig and CommonClientConfigs): accepted under kafka.* and
+# ignored, since they tune a broker connection that does not exist here.
+_CONSUMER_CONFIGS = frozenset("""
+allow.auto.create.topics auto.commit.interval.ms auto.include.jmx.reporter check.crcs
+client.dns.lookup client.id client.rack connections.max.idle.ms default.api.timeout.ms enable.metrics.push
+exclude.internal.topics fetch.max.bytes fetch.max.wait.ms fetch.min.bytes group.instance.id
+group.protocol group.remote.assignor heartbeat.interval.ms internal.leave.group.on.close
+max.partition.fetch.bytes max.poll.interval.ms max.poll.records metadata.max.age.ms
+metadata.recovery.strategy metric.reporters metrics.num.samples metrics.recording.level
+metrics.sample.window.ms partition.assignment.strategy receive.buffer.bytes
+reconnect.backoff.max.ms reconnect.backoff.ms request.timeout.ms retry.backoff.max.ms
+retry.backoff.ms security.protocol security.providers send.buffer.bytes session.timeout.ms
+socket.connection.setup.timeout.max.ms socket.connection.setup.timeout.ms
+""".split())
+_CONSUMER_PREFIXES = ("ssl.", "sasl.")
+
+_JSON_OFFSETS_EXAMPLE = '{"topicA":{"0":23,"1":-1},"topicB":{"0":-2}}'
+_JSON_TIMESTAMPS_EXAMPLE = '{"topicA":{"0":1700000000000,"1":1700000000000}}'
+_JSON_ASSIGN_EXAMPLE = '{"topicA":[0,1],"topicB":[2,4]}'
 
 
 def _timestamp(option: str, value) -> int:
@@ -259,7 +352,7 @@ def _per_partition(option: str, value: str,
 
 def _subscription(opts: Dict[str, str]) -> Subscription:
     given = [k for k in ("assign", "subscribe", "subscribepattern") if k in opts]
-    names = ", ".join(SUPPORTED[k] for k in given)
+    names = ", ".join(READ_OPTIONS.lookup(k).name for k in given)
     if len(given) != 1:
         raise InvalidConfigError(
             f"exactly one of the options assign, subscribe, subscribePattern must be given "
@@ -314,7 +407,8 @@ def _limit(opts: Dict[str, str], starting: bool, streaming: bool = False) -> Off
                 raise _err(by_ts_key, value, f"{topic}-{p}: a timestamp must be >= 0 "
                                              "(milliseconds since the epoch)")
         return OffsetLimit(by_ts_key, value, "timestamps", per_partition=pairs)
-    default = "latest" if streaming or not starting else "earliest"
+    default = (STREAMING_DEFAULTS.get(off_key) if streaming else None) or \
+        READ_OPTIONS[off_key].default
     value = opts.get(off_key.lower(), default)
     text = str(value).strip().lower()
     if text in ("earliest", "latest"):
@@ -353,29 +447,27 @@ def client_options(opts: Mapping[str, str]) -> Tuple[Optional[str], Optional[str
     return client_id, token_file
 
 
-def _check_names(opts: Dict[str, str]) -> None:
+def _check_names(opts: Dict[str, str]) -> Dict[str, str]:
+    """Refuse the rejected options (with their reason) and ``kafka.<name>`` where the name is
+    no Kafka consumer config; the unknown options, which the caller warns about."""
+    unknown = {}
     for key, value in opts.items():
-        if key in SUPPORTED or key in NO_OPS or key in STREAMING:
-            continue
-        if key in REJECTED:
-            raise InvalidConfigError(f"option {key}={value!r}: {REJECTED[key]}")
-        if key.startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX):
-            continue
-        if key.startswith("kafka."):
+        row = READ_OPTIONS.lookup(key)
+        if row is None:
+            unknown[key] = value
+        elif READ_OPTIONS.kind(row.name) == REJECTED:
+            READ_OPTIONS.parse(row.name, value)          # raises the reason
+        elif row.name == "kafka.<consumer config>":
             name = key[len("kafka."):]
-            if name in _CONSUMER_CONFIGS or name.startswith(_CONSUMER_PREFIXES):
-                continue
-            raise InvalidConfigError(
-                f"option {key}={value!r}: {name!r} is not a Kafka consumer config (kafka.* "
-                "options are Kafka consumer configs; only kafka.isolation.level has an effect)")
-        known = list(SUPPORTED.values()) + list(NO_OPS.values()) + list(STREAMING.values())
-        close = difflib.get_close_matches(key, [k.lower() for k in known], n=1)
-        hint = (f"; did you mean "
-                f"{SUPPORTED.get(close[0]) or NO_OPS.get(close[0]) or STREAMING.get(close[0])}?"
-                if close else "")
-        raise InvalidConfigError(f"unknown option {key}={value!r} for format('kafkalog') reads"
-                                 f"{hint} (the options table is in "
-                                 "pyspark_kafkalog/spark/read_options.py)")
+            if not (name in _CONSUMER_CONFIGS or name.startswith(_CONSUMER_PREFIXES)):
+                raise InvalidConfigError(
+                    f"option {key}={value!r}: {name!r} is not a Kafka consumer config (kafka.* "
+                    "options are Kafka consumer configs; only kafka.isolation.level has an "
+                    "effect)")
+    return unknown
+
+
+_default = READ_OPTIONS.default
 
 
 @dataclass
@@ -388,18 +480,19 @@ class ReadOptions:
         "startingOffsets", "earliest", "earliest"))
     ending: OffsetLimit = field(default_factory=lambda: OffsetLimit(
         "endingOffsets", "latest", "latest"))
-    starting_strategy: str = "error"
-    fail_on_data_loss: bool = True
-    min_partitions: Optional[int] = None
-    max_records_per_partition: Optional[int] = None
-    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
-    open_cost_in_bytes: int = DEFAULT_OPEN_COST_IN_BYTES
+    # the defaults of options are the table's (READ_OPTIONS)
+    starting_strategy: str = _default("startingOffsetsByTimestampStrategy")
+    fail_on_data_loss: bool = _default("failOnDataLoss")
+    min_partitions: Optional[int] = _default("minPartitions")
+    max_records_per_partition: Optional[int] = _default("maxRecordsPerPartition")
+    max_partition_bytes: int = _default("maxPartitionBytes")
+    open_cost_in_bytes: int = _default("openCostInBytes")
     #: Spark's ``minPartitionNum`` of file sources (``spark.sql.files.minPartitionNum``, else
     #: the default parallelism), from the session when ``register`` ran; not an option
     min_partition_num: Optional[int] = None
-    include_headers: bool = False
-    isolation_level: str = "read_uncommitted"
-    read_to_log_end: bool = False
+    include_headers: bool = _default("includeHeaders")
+    isolation_level: str = _default("kafka.isolation.level")
+    read_to_log_end: bool = _default("readToLogEnd")
     storage_options: Dict[str, str] = field(default_factory=dict)
     stats_file: Optional[str] = None
     #: KIP-13: whose fetch quota the tasks count against (None: the empty client id)
@@ -407,15 +500,15 @@ class ReadOptions:
     coordinator_token_file: Optional[str] = None
     # streaming only (spark/stream_reader.py)
     streaming: bool = False
-    max_offsets_per_trigger: Optional[int] = None
-    min_offsets_per_trigger: Optional[int] = None
-    max_trigger_delay_ms: int = 15 * 60 * 1000
-    max_bytes_per_trigger: Optional[int] = None
+    max_offsets_per_trigger: Optional[int] = _default("maxOffsetsPerTrigger")
+    min_offsets_per_trigger: Optional[int] = _default("minOffsetsPerTrigger")
+    max_trigger_delay_ms: int = _default("maxTriggerDelay")
+    max_bytes_per_trigger: Optional[int] = _default("maxBytesPerTrigger")
     group_id: Optional[str] = None
     group_id_prefix: Optional[str] = None
-    fast_catch_up: bool = False
-    fast_catch_up_threshold: int = 100_000
-    fast_catch_up_records_per_trigger: int = 100_000
+    fast_catch_up: bool = _default("fastCatchUp")
+    fast_catch_up_threshold: int = _default("fastCatchUpThreshold")
+    fast_catch_up_records_per_trigger: int = _default("fastCatchUpRecordsPerTrigger")
 
     @property
     def read_committed(self) -> bool:
@@ -439,15 +532,14 @@ class ReadOptions:
                 out.open_cost_in_bytes = _byte_size("spark.sql.files.openCostInBytes",
                                                     session["openCostInBytes"], allow_zero=True)
             if session.get("minPartitionNum"):
-                out.min_partition_num = _positive_int("spark.sql.files.minPartitionNum",
-                                                      session["minPartitionNum"])
+                out.min_partition_num = parse_integer("spark.sql.files.minPartitionNum",
+                                                      session["minPartitionNum"], 1)
         except InvalidConfigError:   # a session value we cannot read: Spark's defaults
             pass
-        if "includeheaders" in opts:
-            out.include_headers = _bool("includeHeaders", opts["includeheaders"])
+        out.include_headers = READ_OPTIONS.get(opts, "includeHeaders")
         if not validate:
             return out
-        _check_names(opts)
+        unknown = _check_names(opts)
         path = opts.get("path", "").strip()
         if not path:
             raise InvalidConfigError(
@@ -458,66 +550,27 @@ class ReadOptions:
         out.streaming = streaming
         out.starting = _limit(opts, True, streaming)
         out.ending = _limit(opts, False, streaming)
-        key = "startingoffsetsbytimestampstrategy"
-        if key in opts:
-            strategy = opts[key].strip().lower()
-            if strategy not in ("error", "latest"):
-                raise _err("startingOffsetsByTimestampStrategy", opts[key],
-                           "expected error or latest")
-            out.starting_strategy = strategy
-        if "failondataloss" in opts:
-            out.fail_on_data_loss = _bool("failOnDataLoss", opts["failondataloss"])
-        if "minpartitions" in opts:
-            out.min_partitions = _positive_int("minPartitions", opts["minpartitions"])
-        if "maxrecordsperpartition" in opts:
-            out.max_records_per_partition = _positive_int("maxRecordsPerPartition",
-                                                          opts["maxrecordsperpartition"])
-        if "maxpartitionbytes" in opts:
-            out.max_partition_bytes = _byte_size("maxPartitionBytes", opts["maxpartitionbytes"])
-        if "opencostinbytes" in opts:
-            out.open_cost_in_bytes = _byte_size("openCostInBytes", opts["opencostinbytes"],
-                                                allow_zero=True)
-        if "kafka.isolation.level" in opts:
-            level = opts["kafka.isolation.level"].strip().lower()
-            if level not in ISOLATION_LEVELS:
-                raise _err("kafka.isolation.level", opts["kafka.isolation.level"],
-                           "expected read_uncommitted or read_committed")
-            out.isolation_level = level
-        if "readtologend" in opts:
-            out.read_to_log_end = _bool("readToLogEnd", opts["readtologend"])
+        for name in ("startingOffsetsByTimestampStrategy", "failOnDataLoss", "minPartitions",
+                     "maxRecordsPerPartition", "maxPartitionBytes", "openCostInBytes",
+                     "kafka.isolation.level", "readToLogEnd"):
+            if name.lower() in opts:      # else the default, or the session's (above)
+                setattr(out, READ_OPTIONS[name].attr, READ_OPTIONS.parse(name, opts[name.lower()]))
         out.storage_options = {k[len(STORAGE_PREFIX):]: v for k, v in opts.items()
                                if k.startswith(STORAGE_PREFIX)}
         out.stats_file = opts.get("kafkalog.test.statsfile") or None
         out.client_id, out.coordinator_token_file = client_options(opts)
         if streaming:
             _streaming_options(out, opts)
+        READ_OPTIONS.warn_unknown(unknown)
         return out
 
 
-def _duration_ms(option: str, value: str) -> int:
-    """Spark's time strings (``15m``, ``30s``, ``500ms``, ``1h``, ``2 days``) or plain ms."""
-    m = re.fullmatch(r"\s*(\d+)\s*(ms|milliseconds?|s|sec|seconds?|m|min|minutes?|h|hours?|"
-                     r"d|days?)?\s*", str(value).lower())
-    if not m:
-        raise _err(option, value, "expected a duration such as 15m, 30s or 500ms")
-    unit = (m.group(2) or "ms")
-    scale = (1 if unit.startswith("ms") or unit.startswith("milli") else
-             1000 if unit.startswith("s") else 60_000 if unit.startswith("m") else
-             3_600_000 if unit.startswith("h") else 86_400_000)
-    return int(m.group(1)) * scale
-
-
 def _streaming_options(out: "ReadOptions", opts: Dict[str, str]) -> None:
-    if "maxoffsetspertrigger" in opts:
-        out.max_offsets_per_trigger = _positive_int("maxOffsetsPerTrigger",
-                                                    opts["maxoffsetspertrigger"])
-    if "minoffsetspertrigger" in opts:
-        out.min_offsets_per_trigger = _positive_int("minOffsetsPerTrigger",
-                                                    opts["minoffsetspertrigger"])
-    if "maxtriggerdelay" in opts:
-        out.max_trigger_delay_ms = _duration_ms("maxTriggerDelay", opts["maxtriggerdelay"])
-    if "maxbytespertrigger" in opts:
-        out.max_bytes_per_trigger = _byte_size("maxBytesPerTrigger", opts["maxbytespertrigger"])
+    for name in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+                 "maxBytesPerTrigger", "groupIdPrefix", "fastCatchUpThreshold",
+                 "fastCatchUpRecordsPerTrigger"):
+        if name.lower() in opts:
+            setattr(out, READ_OPTIONS[name].attr, READ_OPTIONS.parse(name, opts[name.lower()]))
     if (out.max_offsets_per_trigger is not None and out.min_offsets_per_trigger is not None
             and out.min_offsets_per_trigger > out.max_offsets_per_trigger):
         raise _err("minOffsetsPerTrigger", opts["minoffsetspertrigger"],
@@ -525,17 +578,9 @@ def _streaming_options(out: "ReadOptions", opts: Dict[str, str]) -> None:
     if "kafka.group.id" in opts:
         from ..client.groups import validate_group_id
         out.group_id = validate_group_id(opts["kafka.group.id"])
-    if "groupidprefix" in opts:
-        out.group_id_prefix = opts["groupidprefix"]
-    for key in ("fastcatchup", "enable.parallel.rebalance"):
-        if key in opts:
-            out.fast_catch_up = _bool(STREAMING[key], opts[key]) or out.fast_catch_up
-    if "fastcatchupthreshold" in opts:
-        out.fast_catch_up_threshold = _positive_int("fastCatchUpThreshold",
-                                                    opts["fastcatchupthreshold"])
-    if "fastcatchuprecordspertrigger" in opts:
-        out.fast_catch_up_records_per_trigger = _positive_int(
-            "fastCatchUpRecordsPerTrigger", opts["fastcatchuprecordspertrigger"])
+    for name in ("fastCatchUp", "enable.parallel.rebalance"):     # one is enough
+        if name.lower() in opts:
+            out.fast_catch_up = READ_OPTIONS.parse(name, opts[name.lower()]) or out.fast_catch_up
 
 
 def session_defaults(spark) -> Dict[str, str]:

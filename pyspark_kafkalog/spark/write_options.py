@@ -87,8 +87,10 @@ configs                                                     that does not exist 
                                                             producer config is an error
 ===============================  =========================  ========================================
 
-Read-only options (``subscribe``, ``startingOffsets``, …) and unknown options are errors, so that
-a typo never falls back to a default silently. The streaming sink (``df.writeStream``) takes the
+Read-only options (``subscribe``, ``startingOffsets``, …) are errors; unknown options are ignored
+with a warning naming the closest known one, as Spark's Kafka sink ignores them. Each option is
+declared once, in ``WRITE_OPTIONS`` below; docs/spark-write.md shows it, checked by
+tests/spark/test_option_tables.py. The streaming sink (``df.writeStream``) takes the
 same options, and Spark's own ``checkpointLocation``, which Spark passes on to the sink.
 
 ``transaction.timeout.ms``: every task reserves its offsets when it has encoded its rows, and the
@@ -101,14 +103,15 @@ right away, not a Spark job.
 """
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional
 
+from ..config_def import BOOLEAN, INT, LONG, NO_DEFAULT, STRING, at_least
 from ..errors import InvalidConfigError
 from ..format import codecs
 from ..format.checkpoint import validate_topic_name
 from ..client.acks import parse_acks
+from .option_table import NO_OP, REJECTED, OptionTable, raw_text
 from .read_options import client_options
 from ..log.config import LogConfig, magic_for_format_version
 
@@ -120,18 +123,7 @@ DEFAULT_TXN_TIMEOUT_MS = 15 * 60 * 1000
 TOPIC_CONFIG_PREFIX = "topic.config."
 STORAGE_PREFIX = "storage."
 
-_NAMES = ("path", "topic", "compression.type", "compression.gzip.level",
-          "compression.lz4.level", "compression.zstd.level", "message.format.version",
-          "batch.size", "batch.records", "buffer.memory", "createTopic", "topic.partitions",
-          "topic.replication.factor", "transaction.timeout.ms", "kafkalog.principal",
-          "kafkalog.snapshot.interval", "acks", "request.timeout.ms", "kafka.acks",
-          "kafka.request.timeout.ms", "kafka.client.id", "coordinator.tokenFile", "maxTasks",
-          "delivery.timeout.ms", "kafka.delivery.timeout.ms", "retry.backoff.ms",
-          "kafka.retry.backoff.ms")
-_KNOWN = {name.lower() for name in _NAMES}
-_DISPLAY = {name.lower(): name for name in _NAMES}
-_LEVELS = {codecs.GZIP: "compression.gzip.level", codecs.LZ4: "compression.lz4.level",
-           codecs.ZSTD: "compression.zstd.level"}
+_LEVELS = {codecs.GZIP: "gzip", codecs.LZ4: "lz4", codecs.ZSTD: "zstd"}
 
 # options of Spark's DataStreamWriter that Spark also hands the sink
 _STREAM_SPARK = ("checkpointlocation",)
@@ -184,29 +176,95 @@ socket.connection.setup.timeout.ms
 _KAFKA_NO_OP_PREFIXES = ("ssl.", "sasl.")
 
 
-def _int(opts: Mapping[str, str], key: str, default: int, minimum: int = 1) -> int:
-    raw = opts.get(key)
-    if raw is None:
-        return default
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise InvalidConfigError(f"option {key} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise InvalidConfigError(f"option {key} must be >= {minimum}, got {raw!r}")
-    return value
+def _err(name: str, raw, rule: str) -> InvalidConfigError:
+    return InvalidConfigError(f"option {name} must be {rule}, got {raw!r}")
 
 
-def _bool(opts: Mapping[str, str], key: str, default: bool) -> bool:
-    raw = opts.get(key)
-    if raw is None:
-        return default
-    text = str(raw).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise InvalidConfigError(f"option {key} must be true or false, got {raw!r}")
+def _rejected(reason: str):
+    def refuse(name, value, raw):
+        raise InvalidConfigError(f"option {name}={raw!r}: {reason}")
+    return refuse
+
+
+def _codec(name: str, raw) -> int:
+    return codecs.codec_id(raw)
+
+
+def _magic(name: str, raw) -> int:
+    return magic_for_format_version(raw)
+
+
+#: The write options, each declared once (module doc): name as the user writes it (any case),
+#: type, default, validator, one-line doc. ``acks`` and the timeouts also go by their
+#: ``kafka.`` names (Kafka's producer configs); the plain name wins.
+WRITE_OPTIONS = OptionTable(
+    "write option", "df.write.format('kafkalog')", "pyspark_kafkalog/spark/write_options.py",
+    _err)
+_d = WRITE_OPTIONS.define
+_d("path", STRING, NO_DEFAULT, "the kafkalog cluster root (save(path)); a Kafka log dir is "
+                               "read-only", parser=raw_text)
+_d("topic", STRING, None, "topic of every row, over the topic column", parser=raw_text)
+_d("compression.type", STRING, None,
+   "none, gzip, snappy, lz4, zstd; default the topic's compression.type", parser=_codec,
+   attr="compression")
+for _codec_name in ("gzip", "lz4", "zstd"):
+    _d(f"compression.{_codec_name}.level", INT, None, f"KIP-390 level of {_codec_name}")
+_d("message.format.version", STRING, None,
+   "0, 1, 2 or a Kafka version (0.10.2, 3.0); default the topic's", parser=_magic,
+   attr="magic")
+_d("batch.size", INT, DEFAULT_BATCH_SIZE, "max bytes of records (before compression) per batch",
+   validator=at_least(1))
+_d("batch.records", INT, DEFAULT_BATCH_RECORDS, "max records per record batch",
+   validator=at_least(1))
+_d("buffer.memory", LONG, DEFAULT_BUFFER_MEMORY,
+   "encoded bytes a task holds before it reserves and writes them", validator=at_least(1))
+_d("createTopic", BOOLEAN, False, "create the topic option's topic (and the cluster root) "
+                                  "when absent", attr="create_topic")
+_d("topic.partitions", INT, 1, "partitions of a created topic", validator=at_least(1))
+_d("topic.replication.factor", INT, 1, "log dirs holding each partition of a created topic",
+   validator=at_least(1))
+_d("topic.config.<name>", STRING, None, "a Kafka topic config of a created topic",
+   prefix=TOPIC_CONFIG_PREFIX, parser=raw_text, attr="topic_configs")
+_d("transaction.timeout.ms", INT, DEFAULT_TXN_TIMEOUT_MS,
+   "how long a task's reserved offsets may stay uncommitted", validator=at_least(1))
+_d("acks", STRING, "all", "all (-1): the commit waits for the ISR; 1: the leader only",
+   parser=lambda name, raw: parse_acks(raw))
+_d("kafka.acks", STRING, "all", "as acks", parser=lambda name, raw: parse_acks(raw),
+   attr="acks")
+for _prefix in ("", "kafka."):
+    _d(f"{_prefix}request.timeout.ms", INT, 30_000,
+       "how long the job's commit waits for the ISR (acks=all)", validator=at_least(1),
+       attr="request_timeout_ms")
+    _d(f"{_prefix}delivery.timeout.ms", INT, 120_000,
+       "how long a task writes again after a retriable error; 0: fail at once",
+       validator=at_least(0), attr="delivery_timeout_ms")
+    _d(f"{_prefix}retry.backoff.ms", INT, 100, "the pause between a task's attempts",
+       validator=at_least(0), attr="retry_backoff_ms")
+_d("kafka.client.id", STRING, None,
+   "whose produce quota (KIP-13) the tasks count against; default the empty client id",
+   parser=raw_text, attr="client_id")
+_d("coordinator.tokenFile", STRING, None,
+   "the coordinator's token file for the tasks (else $KAFKALOG_COORDINATOR_TOKEN)",
+   attr="coordinator_token_file")
+_d("kafkalog.principal", STRING, None, "who writes, for ACLs (else $KAFKALOG_PRINCIPAL)",
+   parser=raw_text, attr="principal")
+_d("kafkalog.snapshot.interval", INT, None,
+   "metadata snapshot interval; default the cluster's (50)", validator=at_least(1),
+   attr="snapshot_interval")
+_d("maxTasks", INT, None, "at most this many tasks write (df.write only); default the "
+                          "session's parallelism, none under dynamic allocation; 0: never",
+   validator=at_least(0), attr="max_tasks")
+_d("storage.<name>", STRING, None, "a storage backend option (e.g. storage.direct_io)",
+   prefix=STORAGE_PREFIX, parser=raw_text, attr="storage_options")
+_d("kafka.<producer config>", STRING, None,
+   "a Kafka producer config tuning delivery to a broker: ignored", kind=NO_OP,
+   prefix="kafka.")
+for _name, _reason in _KAFKA_REJECTED.items():
+    _d(f"kafka.{_name}", STRING, None, _reason, kind=REJECTED, validator=_rejected(_reason))
+del _d
+
+
+_default = WRITE_OPTIONS.default
 
 
 @dataclass(frozen=True)
@@ -216,21 +274,22 @@ class WriteOptions:
     compression: Optional[int] = None          # codec id; None: the topic's compression.type
     compression_levels: Dict[int, int] = field(default_factory=dict)   # codec id -> level
     magic: Optional[int] = None                # None: the topic's message.format.version
-    batch_size: int = DEFAULT_BATCH_SIZE
-    batch_records: int = DEFAULT_BATCH_RECORDS
-    buffer_memory: int = DEFAULT_BUFFER_MEMORY
-    create_topic: bool = False
-    topic_partitions: int = 1
-    topic_replication_factor: int = 1
+    # the defaults of options are the table's (WRITE_OPTIONS)
+    batch_size: int = _default("batch.size")
+    batch_records: int = _default("batch.records")
+    buffer_memory: int = _default("buffer.memory")
+    create_topic: bool = _default("createTopic")
+    topic_partitions: int = _default("topic.partitions")
+    topic_replication_factor: int = _default("topic.replication.factor")
     topic_configs: Dict[str, str] = field(default_factory=dict)
-    transaction_timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS
+    transaction_timeout_ms: int = _default("transaction.timeout.ms")
     principal: Optional[str] = None
     snapshot_interval: Optional[int] = None
     storage_options: Dict[str, str] = field(default_factory=dict)
-    acks: str = "all"
-    request_timeout_ms: int = 30_000
-    delivery_timeout_ms: int = 120_000
-    retry_backoff_ms: int = 100
+    acks: str = _default("acks")
+    request_timeout_ms: int = _default("request.timeout.ms")
+    delivery_timeout_ms: int = _default("delivery.timeout.ms")
+    retry_backoff_ms: int = _default("retry.backoff.ms")
     #: KIP-13: whose produce quota the tasks count against (None: the empty client id)
     client_id: Optional[str] = None
     coordinator_token_file: Optional[str] = None
@@ -249,8 +308,8 @@ class WriteOptions:
                          if k.startswith(TOPIC_CONFIG_PREFIX)}
         storage = {k[len(STORAGE_PREFIX):]: str(v) for k, v in opts.items()
                    if k.startswith(STORAGE_PREFIX) and len(k) > len(STORAGE_PREFIX)}
+        unknown = _check_names(opts) if validate else {}
         if validate:
-            _check_names(opts)
             if streaming and "maxtasks" in opts:
                 raise InvalidConfigError("option maxTasks applies to df.write: a streaming "
                                          "query writes each micro-batch with the tasks of its "
@@ -260,26 +319,16 @@ class WriteOptions:
         if validate and not (isinstance(path, str) and path.strip()):
             raise InvalidConfigError("kafkalog sink needs the cluster root: save(path) or "
                                      "option('path', ...)")
+        get = lambda name: WRITE_OPTIONS.get(opts, name)  # noqa: E731
         topic = opts.get("topic")
         if topic is not None and validate:
             validate_topic_name(topic)
-        compression = opts.get("compression.type")
-        if compression is not None:
-            compression = codecs.codec_id(compression)
-        magic = opts.get("message.format.version")
-        if magic is not None:
-            magic = magic_for_format_version(magic)
+        compression, magic = get("compression.type"), get("message.format.version")
         if compression is not None and magic is not None and validate:
             codecs.check_codec(compression, magic)
-        levels = {}
-        for cid, key in _LEVELS.items():
-            if key in opts:
-                try:
-                    levels[cid] = int(str(opts[key]).strip())
-                except ValueError:
-                    raise InvalidConfigError(f"option {key} must be an integer, "
-                                             f"got {opts[key]!r}") from None
-        create = _bool(opts, "createtopic", False)
+        levels = {cid: get(f"compression.{name}.level") for cid, name in _LEVELS.items()
+                  if f"compression.{name}.level" in opts}
+        create = get("createTopic")
         if validate:
             if topic_configs:
                 LogConfig.from_properties(topic_configs)
@@ -292,30 +341,30 @@ class WriteOptions:
                 raise InvalidConfigError("createTopic=true needs the topic option: topics named "
                                          "only by the topic column must exist before the write")
         client_id, token_file = client_options({k: str(v) for k, v in opts.items()})
-        return cls(path=path or "", topic=topic, compression=compression,
-                   compression_levels=levels, magic=magic,
-                   batch_size=_int(opts, "batch.size", DEFAULT_BATCH_SIZE),
-                   batch_records=_int(opts, "batch.records", DEFAULT_BATCH_RECORDS),
-                   buffer_memory=_int(opts, "buffer.memory", DEFAULT_BUFFER_MEMORY),
-                   create_topic=create,
-                   topic_partitions=_int(opts, "topic.partitions", 1),
-                   topic_replication_factor=_int(opts, "topic.replication.factor", 1),
-                   topic_configs=topic_configs,
-                   transaction_timeout_ms=_int(opts, "transaction.timeout.ms",
-                                               DEFAULT_TXN_TIMEOUT_MS),
-                   principal=opts.get("kafkalog.principal"),
-                   snapshot_interval=(_int(opts, "kafkalog.snapshot.interval", 50)
-                                      if "kafkalog.snapshot.interval" in opts else None),
-                   storage_options=storage,
-                   acks=parse_acks(opts.get("acks", opts.get("kafka.acks"))),
-                   request_timeout_ms=_int(opts, "request.timeout.ms",
-                                           _int(opts, "kafka.request.timeout.ms", 30_000)),
-                   delivery_timeout_ms=_int(opts, "delivery.timeout.ms",
-                                            _int(opts, "kafka.delivery.timeout.ms", 120_000, 0),
-                                            0),
-                   retry_backoff_ms=_int(opts, "retry.backoff.ms",
-                                         _int(opts, "kafka.retry.backoff.ms", 100, 0), 0),
-                   client_id=client_id, coordinator_token_file=token_file)
+
+        def either(name: str):
+            """The option, else its ``kafka.`` name (both checked), else the default."""
+            alias = get(f"kafka.{name}")
+            return get(name) if name in opts else alias
+
+        out = cls(path=path or "", topic=topic, compression=compression,
+                  compression_levels=levels, magic=magic,
+                  batch_size=get("batch.size"), batch_records=get("batch.records"),
+                  buffer_memory=get("buffer.memory"), create_topic=create,
+                  topic_partitions=get("topic.partitions"),
+                  topic_replication_factor=get("topic.replication.factor"),
+                  topic_configs=topic_configs,
+                  transaction_timeout_ms=get("transaction.timeout.ms"),
+                  principal=opts.get("kafkalog.principal"),
+                  snapshot_interval=get("kafkalog.snapshot.interval"),
+                  storage_options=storage,
+                  acks=parse_acks(opts.get("acks", opts.get("kafka.acks"))),
+                  request_timeout_ms=either("request.timeout.ms"),
+                  delivery_timeout_ms=either("delivery.timeout.ms"),
+                  retry_backoff_ms=either("retry.backoff.ms"),
+                  client_id=client_id, coordinator_token_file=token_file)
+        WRITE_OPTIONS.warn_unknown(unknown)
+        return out
 
     def cluster_kwargs(self) -> dict:
         """Keyword arguments of ``Cluster(path, ...)`` for this write."""
@@ -333,29 +382,28 @@ def max_tasks(options: Mapping[str, object]) -> Optional[int]:
     integer >= 0 (``0``: never coalesce), or InvalidConfigError naming it."""
     raw = next((v for k, v in dict(options or {}).items()
                 if str(k).lower() == "maxtasks" and v is not None), None)
-    return None if raw is None else _int({"maxTasks": raw}, "maxTasks", 0, minimum=0)
+    return None if raw is None else WRITE_OPTIONS.parse("maxTasks", raw)
 
 
-def _check_names(opts: Mapping[str, str]) -> None:
+def _check_names(opts: Mapping[str, str]) -> Dict[str, str]:
+    """Refuse the rejected options (with their reason), read options, and ``kafka.<name>``
+    where the name is no Kafka producer config; the unknown options, which the caller warns
+    about."""
+    unknown = {}
     for key, value in opts.items():
-        if key in _KNOWN or key.startswith(TOPIC_CONFIG_PREFIX) or (
-                key.startswith(STORAGE_PREFIX) and len(key) > len(STORAGE_PREFIX)):
-            continue
-        if key.startswith("kafka."):
+        row = WRITE_OPTIONS.lookup(key)
+        if row is not None and WRITE_OPTIONS.kind(row.name) == REJECTED:
+            WRITE_OPTIONS.parse(row.name, value)             # raises the reason
+        elif row is not None and row.name == "kafka.<producer config>":
             name = key[len("kafka."):]
-            if name in _KAFKA_REJECTED:
-                raise InvalidConfigError(f"option {key}={value!r}: {_KAFKA_REJECTED[name]}")
-            if name in _KAFKA_NO_OPS or name.startswith(_KAFKA_NO_OP_PREFIXES):
-                continue
-            raise InvalidConfigError(
-                f"option {key}={value!r}: {name!r} is not a Kafka producer config (kafka.* "
-                "options are producer configs; the ones that tune a broker connection are "
-                "ignored, see pyspark_kafkalog/spark/write_options.py)")
-        if key in _READ_ONLY:
+            if not (name in _KAFKA_NO_OPS or name.startswith(_KAFKA_NO_OP_PREFIXES)):
+                raise InvalidConfigError(
+                    f"option {key}={value!r}: {name!r} is not a Kafka producer config (kafka.* "
+                    "options are producer configs; the ones that tune a broker connection are "
+                    "ignored, see pyspark_kafkalog/spark/write_options.py)")
+        elif key in _READ_ONLY:
             raise InvalidConfigError(f"option {key!r} is a read option; it means nothing to "
                                      "df.write.format('kafkalog')")
-        close = difflib.get_close_matches(key, sorted(_KNOWN), n=1)
-        hint = f"; did you mean {_DISPLAY[close[0]]}?" if close else ""
-        raise InvalidConfigError(f"unknown option {key}={value!r} for df.write.format('kafkalog')"
-                                 f"{hint} (known: {', '.join(_NAMES)}, topic.config.*, "
-                                 "storage.*)")
+        elif row is None:
+            unknown[key] = value
+    return unknown

@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import logging
+import re
 
 import pytest
 
@@ -491,11 +493,20 @@ def parse(**options):
     ({"subscribe": "a", "kafka.value.deserializer": "x"}, "value.deserializer"),
     ({"subscribe": "a", "kafka.no.such.config": "1"}, "kafka.no.such.config"),
     ({"subscribe": "a", "topic": "a"}, "write option"),
-    ({"subscribe": "a", "startingOfsets": "earliest"}, "did you mean startingOffsets"),
 ])
 def test_option_errors(options, match):
     with pytest.raises(InvalidConfigError, match=match):
         parse(**options)
+
+
+def test_an_unknown_option_is_a_warning(caplog):
+    """Spark's Kafka source ignores options it does not know (#34): a warning, once, naming the
+    option and the known one it most likely meant (this case was an error before)."""
+    with caplog.at_level(logging.WARNING, logger="pyspark_kafkalog.spark.option_table"):
+        o = parse(subscribe="a", startingOfsets="latest")
+    assert o.starting.kind == "earliest"
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and re.search("did you mean startingOffsets", warned[0])
 
 
 def test_options_parse_and_precedence():
