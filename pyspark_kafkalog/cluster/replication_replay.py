@@ -51,32 +51,22 @@ class ReplicationReplay:
     def _elect_leader(self, a: A.ElectLeader, ts: int) -> A.Result:
         """A new leader per partition (§1.3): truncates what it lacks, aborts the partition's
         open txns (their writers wrote to the old leader)."""
-        if REPLICATION not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"elect_leader needs the feature {REPLICATION}")
-        if a.election not in R.ELECTIONS:
+        if REPLICATION in self.reader_features and a.election not in R.ELECTIONS:
             return A.error("INVALID_REQUEST", f"election {a.election!r:.20} is not one of "
                            f"{', '.join(R.ELECTIONS)}")
-        out: Dict[str, A.Result] = {}
-        for key, change in a.partitions.items():
-            topic, p = split_key(key)
-            bad = self._replicated(key, a.topic_ids)
-            if bad is None:
-                why = R.check_election(self.partitions[key], self.topics[topic]["replicas"][p],
-                                       change["partition_epoch"], change["leader"], a.election,
-                                       self.topic_config(topic).unclean_leader_election,
-                                       whole_reassign=REPLICA_CHECK in self.reader_features)
-                bad = None if why is None else A.error(*why)
-            if bad is not None:
-                out[key] = bad
-                continue
-            ps = self._partition_w(key)
+
+        def check(ps, replicas, topic, change):
+            return R.check_election(ps, replicas, change["partition_epoch"], change["leader"],
+                                    a.election, self.topic_config(topic).unclean_leader_election,
+                                    whole_reassign=REPLICA_CHECK in self.reader_features)
+
+        def apply(key, ps, topic, p, change):
             R.apply_election(ps, change["leader"], a.election)
             doomed = sorted(ps.open)
             if doomed:
                 self._abort(A.Abort(txns=doomed, reason="leader_election"), ts)
-            self._refresh_hw(key)
-            out[key] = A.Result()
-        return A.PartitionsResult(partitions=out)
+
+        return self._each_replicated(a, REPLICATION, check, apply)
 
     def _reassign_partitions(self, a: A.ReassignPartitions, ts: int) -> A.Result:
         """Targets per partition (§1.3): the new ones join the replicas as followers; the
@@ -115,22 +105,37 @@ class ReplicationReplay:
         return A.PartitionsResult(partitions=out)
 
     def _complete_reassignment(self, a: A.CompleteReassignment, ts: int) -> A.Result:
-        if REPLICATION not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"complete_reassignment needs the feature "
-                           f"{REPLICATION}")
+        def check(ps, replicas, topic, change):
+            return R.check_complete(ps, change["partition_epoch"])
+
+        def apply(key, ps, topic, p, change):
+            replicas = R.apply_complete(ps)
+            info = self._topic_w(topic)
+            info["replicas"] = [replicas if i == p else r for i, r in enumerate(info["replicas"])]
+
+        return self._each_replicated(a, REPLICATION, check, apply)
+
+    def _each_replicated(self, a, feature: str, check, apply) -> A.Result:
+        """The skeleton of the coordinator's per-partition replication actions: the feature
+        first, then per partition: it must exist under the entry's topic id and be replicated,
+        ``check(ps, replicas, topic, change)`` gives why the change cannot apply (a Kafka error
+        name and message) or None, and ``apply(key, ps, topic, p, change)`` applies it to the
+        partition taken for writing; its high watermark is then recomputed. Valid partitions
+        apply, each with its own result."""
+        if feature not in self.reader_features:
+            return A.error("INVALID_REQUEST", f"{a.OP} needs the feature {feature}")
         out: Dict[str, A.Result] = {}
         for key, change in a.partitions.items():
             topic, p = split_key(key)
             bad = self._replicated(key, a.topic_ids)
             if bad is None:
-                why = R.check_complete(self.partitions[key], change["partition_epoch"])
+                why = check(self.partitions[key], self.topics[topic]["replicas"][p], topic,
+                            change)
                 bad = None if why is None else A.error(*why)
             if bad is not None:
                 out[key] = bad
                 continue
-            replicas = R.apply_complete(self._partition_w(key))
-            info = self._topic_w(topic)
-            info["replicas"] = [replicas if i == p else r for i, r in enumerate(info["replicas"])]
+            apply(key, self._partition_w(key), topic, p, change)
             self._refresh_hw(key)
             out[key] = A.Result()
         return A.PartitionsResult(partitions=out)
@@ -157,41 +162,20 @@ class ReplicationReplay:
     def _follower_ranges(self, a, feature: str, apply) -> A.Result:
         """``replica_progress`` and ``replica_lost``: per partition, ranges per follower, checked
         alike (``isr.check_progress``); ``apply`` changes what the follower holds."""
-        if feature not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"{a.OP} needs the feature {feature}")
-        out: Dict[str, A.Result] = {}
-        for key, ranges in a.partitions.items():
-            topic, p = split_key(key)
-            bad = self._replicated(key, a.topic_ids)
-            if bad is None:
-                why = R.check_progress(self.partitions[key], self.topics[topic]["replicas"][p],
-                                       ranges)
-                bad = None if why is None else A.error("INVALID_REQUEST", why)
-            if bad is not None:
-                out[key] = bad
-                continue
-            apply(self._partition_w(key), ranges)
-            self._refresh_hw(key)
-            out[key] = A.Result()
-        return A.PartitionsResult(partitions=out)
+        def check(ps, replicas, topic, ranges):
+            why = R.check_progress(ps, replicas, ranges)
+            return None if why is None else ("INVALID_REQUEST", why)
+
+        return self._each_replicated(a, feature, check,
+                                     lambda key, ps, topic, p, ranges: apply(ps, ranges))
 
     def _alter_isr(self, a: A.AlterIsr, ts: int) -> A.Result:
         """Kafka's AlterPartition (§1.3): valid partitions apply, each under its epoch."""
-        if REPLICATION not in self.reader_features:
-            return A.error("INVALID_REQUEST", f"alter_isr needs the feature {REPLICATION}")
-        out: Dict[str, A.Result] = {}
-        for key, change in a.partitions.items():
-            topic, p = split_key(key)
-            bad = self._replicated(key, a.topic_ids)
-            if bad is None:
-                why = R.check_isr_change(self.partitions[key], self.topics[topic]["replicas"][p],
-                                         change["partition_epoch"], change["isr"],
-                                         change["joining"])
-                bad = None if why is None else A.error(*why)
-            if bad is not None:
-                out[key] = bad
-                continue
-            R.apply_isr_change(self._partition_w(key), change["isr"], change["joining"])
-            self._refresh_hw(key)
-            out[key] = A.Result()
-        return A.PartitionsResult(partitions=out)
+        def check(ps, replicas, topic, change):
+            return R.check_isr_change(ps, replicas, change["partition_epoch"], change["isr"],
+                                      change["joining"])
+
+        def apply(key, ps, topic, p, change):
+            R.apply_isr_change(ps, change["isr"], change["joining"])
+
+        return self._each_replicated(a, REPLICATION, check, apply)
