@@ -158,6 +158,17 @@ def only_with(args, action: str, allowed: Iterable[str], options: Mapping[str, s
             raise InvalidConfigError(f"{flag} does not apply to {action}")
 
 
+def chosen_action(args, allowed: Mapping[str, Iterable[str]],
+                  options: Mapping[str, str]) -> Tuple[str, str]:
+    """The action flag given (kafka-topics.sh style: one of ``--list``, ``--describe``, …, an
+    argparse group makes it exactly one) and its spelling; options it does not take are
+    refused (``only_with``). ``allowed``: per action, the options it takes."""
+    action = next(a for a in allowed if getattr(args, a))
+    flag = "--" + action.replace("_", "-")
+    only_with(args, flag, allowed[action], options)
+    return action, flag
+
+
 def require(args, action: str, *attrs_flags: Tuple[str, str]) -> None:
     for attr, flag in attrs_flags:
         if getattr(args, attr, None) is None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 from ..client.groups import validate_group_id
 from ..errors import InvalidConfigError
 from ..format.checkpoint import validate_topic_name
-from .cluster_common import OUTPUT_HELP, columns, emit_rows, only_with, open_admin, require, say
+from .cluster_common import (OUTPUT_HELP, chosen_action, columns, emit_rows, open_admin, require,
+                             say)
 
-ACTIONS = ("list", "describe", "reset_offsets", "delete")
 RESETS = {"to_earliest": "--to-earliest", "to_latest": "--to-latest",
           "to_datetime": "--to-datetime", "shift_by": "--shift-by"}
 OPTIONS = {"group": "--group", "topic": "--topic", "dry_run": "--dry-run", "execute": "--execute",
@@ -48,11 +48,9 @@ def add_parser(sub, parents) -> None:
 
 
 def run(args) -> int:
-    action = next(a for a in ACTIONS if getattr(args, a))
-    flag = "--" + action.replace("_", "-")
-    allowed = {"list": (), "describe": ("group",), "delete": ("group",),
-               "reset_offsets": ("group", "topic", "dry_run", "execute", *RESETS)}[action]
-    only_with(args, flag, allowed, OPTIONS)
+    action, flag = chosen_action(
+        args, {"list": (), "describe": ("group",), "reset_offsets": (
+            "group", "topic", "dry_run", "execute", *RESETS), "delete": ("group",)}, OPTIONS)
     if action != "list":
         require(args, flag, ("group", "--group G"))
         validate_group_id(args.group)

@@ -13,10 +13,9 @@ from ..errors import InvalidConfigError, InvalidPartitionsError, TopicAlreadyExi
 from ..format.checkpoint import validate_topic_name
 from ..log.config import LogConfig
 from .cluster_common import (OUTPUT_HELP, cluster_exists, cluster_options, columns, emit_json,
-                             format_table, non_negative, only_with, open_admin, parse_configs,
+                             format_table, non_negative, chosen_action, open_admin, parse_configs,
                              require, say)
 
-ACTIONS = ("create", "delete", "list", "describe", "alter", "increase_partitions")
 #: --describe's partition filters (kafka-topics.sh's), one at a time: attribute -> the
 #: ``cluster.isr_health`` flag a partition must have to be shown
 FILTERS = {"under_replicated_partitions": "under_replicated",
@@ -80,13 +79,11 @@ def add_parser(sub, parents) -> None:
 
 
 def run(args) -> int:
-    action = next(a for a in ACTIONS if getattr(args, a))
-    flag = "--" + action.replace("_", "-")
-    allowed = {"create": ("topic", "partitions", "replication_factor", "config"),
+    action, flag = chosen_action(
+        args, {"create": ("topic", "partitions", "replication_factor", "config"),
                "delete": ("topic",), "list": (), "describe": ("topic", *FILTERS),
                "alter": ("topic", "partitions", "config", "delete_config"),
-               "increase_partitions": ("topic", "partitions")}[action]
-    only_with(args, flag, allowed, OPTIONS)
+               "increase_partitions": ("topic", "partitions")}, OPTIONS)
     if action not in ("list", "describe"):
         require(args, flag, ("topic", "--topic T"))
     if args.topic is not None:
