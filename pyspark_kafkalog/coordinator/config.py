@@ -19,8 +19,8 @@ from ..errors import InvalidConfigError
 from .fetch_session import DEFAULT_CACHE_SLOTS, MIN_EVICTION_MS
 from .quota_manager import (DEFAULT_WINDOW_NUM, DEFAULT_WINDOW_SIZE_S, WINDOW_NUM_RULE,
                             WINDOW_SIZE_RULE)
-from .replicator import (DEFAULT_BROKER_SESSION_TIMEOUT_MS, DEFAULT_REPLICA_LAG_TIME_MAX_MS,
-                         DEFAULT_REPLICA_VERIFY_INTERVAL_MS)
+from .replicator import (DEFAULT_BROKER_SESSION_TIMEOUT_MS, DEFAULT_NUM_REPLICA_FETCHERS,
+                         DEFAULT_REPLICA_LAG_TIME_MAX_MS, DEFAULT_REPLICA_VERIFY_INTERVAL_MS)
 from .scheduler import KEYS as MAINTENANCE_KEYS, SchedulerConfig
 
 MIN_LEASE_MS = 100
@@ -86,7 +86,7 @@ COORDINATOR_SETTINGS = (
             "the pause between two replication passes", validator=at_least(1))
     .define("broker.session.timeout.ms", INT, DEFAULT_BROKER_SESSION_TIMEOUT_MS,
             "a log dir unreadable for this long is offline", validator=at_least(1))
-    .define("num.replica.fetchers", INT, 4,
+    .define("num.replica.fetchers", INT, DEFAULT_NUM_REPLICA_FETCHERS,
             "segments of one follower copied at once", validator=at_least(1))
     .define("replica.verify.interval.ms", LONG, DEFAULT_REPLICA_VERIFY_INTERVAL_MS,
             "how often in-sync followers' files are checked against the metadata",

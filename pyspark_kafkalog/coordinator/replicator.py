@@ -45,6 +45,7 @@ DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
 DEFAULT_BROKER_SESSION_TIMEOUT_MS = 9_000
 #: how often an in-sync follower's files are checked against ``held`` (§1.3, "Verification")
 DEFAULT_REPLICA_VERIFY_INTERVAL_MS = 1_000
+DEFAULT_NUM_REPLICA_FETCHERS = 4
 
 TP = Tuple[str, int]
 
@@ -85,7 +86,7 @@ class Replicator:
                  replica_lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS,
                  broker_session_timeout_ms: int = DEFAULT_BROKER_SESSION_TIMEOUT_MS,
                  enable: bool = True, clock_ms: Optional[Callable[[], int]] = None,
-                 num_replica_fetchers: int = 4,
+                 num_replica_fetchers: int = DEFAULT_NUM_REPLICA_FETCHERS,
                  fetch_session: Optional[FetchSessionClient] = None,
                  replica_verify_interval_ms: int = DEFAULT_REPLICA_VERIFY_INTERVAL_MS):
         """``fetch_session``: the privileged ``FetchSessionClient`` to hold (None: none)."""
