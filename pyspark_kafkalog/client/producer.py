@@ -63,18 +63,18 @@ def _fitting(records: List[Record], magic: int, codec: int,
             + _fitting(records[mid:], magic, codec, max_message_bytes))
 
 
-def check_sizes(state, batches: Mapping[TopicPartition, Sequence[EncodedBatch]]) -> None:
-    """Every batch within its topic's ``max.message.bytes``, checked before anything is reserved
-    or written (``format.encode.check_batch_size``; a topic that does not exist is left to the
-    reservation to refuse)."""
-    limits: Dict[str, LogConfig] = {}
+def check_append(state, batches: Mapping[TopicPartition, Sequence[EncodedBatch]]) -> None:
+    """The broker's checks of every batch (``log.validator``: ``max.message.bytes``, keys in a
+    compacted topic), before anything is reserved or written (a topic that does not exist is
+    left to the reservation to refuse)."""
+    configs: Dict[str, LogConfig] = {}
     for (topic, p), bs in batches.items():
-        limit = limits.get(topic)
-        if limit is None:
+        config = configs.get(topic)
+        if config is None:
             if topic not in state.topics:
                 continue
-            limit = limits[topic] = state.topic_config(topic)
-        validator.check_sizes(bs, limit, f"{topic}-{p}")
+            config = configs[topic] = state.topic_config(topic)
+        validator.check_append(bs, config, f"{topic}-{p}")
 
 
 def flushed(state, counts: Mapping[TopicPartition, int], configs: Optional[dict] = None) -> bool:
@@ -184,7 +184,7 @@ class Producer:
             if not batches:
                 raise InvalidRecordError("nothing to write")
             state = cluster.state() if state is None else state
-            check_sizes(state, batches)
+            check_append(state, batches)
         except BaseException:
             for spool in spools.values():
                 spool.discard()

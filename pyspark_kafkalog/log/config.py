@@ -131,6 +131,12 @@ class LogConfig:
     segment_merge_lag_ms: int = _DEFAULTS["segment_merge_lag_ms"]
 
     @property
+    def compact(self) -> bool:
+        """Whether the log is compacted (``cleanup.policy`` ``compact`` or ``compact,delete``):
+        its records must have keys, and the log cleaner keeps the latest record per key."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
     def unclean_leader_election(self) -> bool:
         return self.unclean_leader_election_enable == "true"
 

@@ -19,7 +19,7 @@ from ..format.batch import iter_headers
 from ..format.columnar import Columns, decode_columns
 from ..format.encode import EncodedBatch
 from .config import LogConfig
-from .validator import append_time, check_sizes, stamp
+from .validator import append_time, check_append, stamp
 from .file_names import log_file_base, parse_segment_file
 from .segment import (INDEX_SUFFIX, TIMEINDEX_SUFFIX, LogSegment, ReadStats,
                       SegmentRecovery)
@@ -359,7 +359,7 @@ class PartitionLog:
                 seg.append(b"".join(pending), pending_headers)
             pending, pending_headers, pending_size = [], [], 0
 
-        check_sizes(batches, cfg, f"{self.topic}-{self.partition}")
+        check_append(batches, cfg, f"{self.topic}-{self.partition}")
         for batch in batches:
             size = len(batch.data)
             if size > cfg.segment_bytes:
