@@ -68,8 +68,12 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """In CI a parametrised test with no parameters (a corpus list that came out empty) is an
-    error, not the skip pytest makes it."""
+    """Every test that uses the ``spark`` session (or ``ks``) is marked ``spark``, so ``-m "not
+    spark"`` leaves the JVM out. In CI a parametrised test with no parameters (a corpus list
+    that came out empty) is an error, not the skip pytest makes it."""
+    for item in items:
+        if {"spark", "ks"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
     if not IN_CI:
         return
     empty = [item.nodeid for item in items

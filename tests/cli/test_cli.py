@@ -130,6 +130,7 @@ def _sample_records(n=50, headers=True):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("magic,codec", [(0, "none"), (0, "gzip"), (0, "snappy"), (0, "lz4"),
                                          (1, "none"), (1, "gzip"), (1, "snappy"), (1, "lz4"),
                                          (2, "none"), (2, "gzip"), (2, "snappy"), (2, "lz4"),

@@ -7,9 +7,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from support.cli_support import REPO, digests, run_cli
 
 import os
+
+
+pytestmark = pytest.mark.slow   # a CLI process per console round trip (~5 s)
 
 
 def _bytes_cli(*argv, stdin: bytes = b""):

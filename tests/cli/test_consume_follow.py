@@ -30,6 +30,9 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 DEADLINE_S = 240          # for output that should come within a second: only a hang hits it
 
 
+pytestmark = pytest.mark.slow   # follower processes fed by other processes (~10 s)
+
+
 class FollowerProcess:
     """``kafkalog --cluster URL consume ARGS`` with its stdout and stderr read as they come."""
 

@@ -56,6 +56,7 @@ def offsets(out: str):
 
 # -- bounded memory ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_consuming_a_long_partition_keeps_memory_bounded(big):
     baseline = peak_rss_kb(["--cluster", big, "consume", "--topic", "e", "--group", "rss"])
     peak = peak_rss_kb(["--cluster", big, "consume", "--topic", "m", "--group", "rss"])

@@ -17,6 +17,9 @@ NOW = 1_700_000_000_000
 GOOD = json.dumps({"value": base64.b64encode(b"ok").decode(), "timestamp": NOW}) + "\n"
 
 
+pytestmark = pytest.mark.slow   # a CLI process per bad input line (~6 s)
+
+
 def files(root: Path) -> dict:
     if not root.exists():
         return {}

@@ -20,6 +20,9 @@ from support.moto_support import BUCKET, moto_options  # noqa: F401  (a session 
 REPO = Path(__file__).resolve().parents[2]
 
 
+pytestmark = pytest.mark.slow   # every raw command against S3 and clusters as processes (~13 s)
+
+
 def run_cli(*argv, stdin: str = "", env=None):
     proc = subprocess.run([sys.executable, "-m", "pyspark_kafkalog.cli.main", *map(str, argv)],
                           input=stdin, capture_output=True, text=True, timeout=180,

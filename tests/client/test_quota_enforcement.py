@@ -25,6 +25,9 @@ from pyspark_kafkalog.errors import InvalidConfigError
 VALUE = b"v" * 10_000
 
 
+pytestmark = pytest.mark.slow   # clients slowed to their quotas in real time (~20 s)
+
+
 @pytest.fixture
 def coordinator_defaults() -> dict:
     return {"maintenance": False, "replication": False, "metrics_port": None,

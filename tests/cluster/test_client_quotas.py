@@ -86,6 +86,7 @@ def test_admin_api_and_persistence_and_old_clients(tmp_path, monkeypatch):
         Admin(url, create=False).cluster.state()
 
 
+@pytest.mark.slow
 def test_configs_cli_as_kafka_configs(tmp_path):
     url = str(tmp_path / "c")
     Admin(url, fsync=False)

@@ -50,6 +50,9 @@ from support.moto_support import BUCKET, moto_options  # noqa: F401  (a session 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
+pytestmark = pytest.mark.slow   # log dirs on S3 and Spark across roots (~22 s)
+
+
 def seed_with_start(n: int, start: int) -> int:
     """A seed whose first draw from ``range(n)`` (Kafka's start index) is ``start``."""
     return next(s for s in range(1000) if random.Random(s).randrange(n) == start)

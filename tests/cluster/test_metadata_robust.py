@@ -52,6 +52,7 @@ BAD_ENTRIES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", sorted(BAD_ENTRIES))
 def test_malformed_entry_stops_every_command_with_one_line(cluster, what):
     seq = write_entry(cluster, BAD_ENTRIES[what])

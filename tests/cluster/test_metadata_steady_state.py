@@ -23,6 +23,9 @@ from support.cli_support import run_main
 from support.moto_support import BUCKET, moto_options  # noqa: F401  (a session fixture: a moto server)
 
 
+pytestmark = pytest.mark.slow   # sustained metadata load, on S3 too (~9 s)
+
+
 class CountingStorage:
     """Counts every storage call by name and by the directory it names (a real storage behind)."""
 

@@ -82,6 +82,9 @@ REPL = features.REPLICATION
 LEASE_MS = 1_000
 
 
+pytestmark = pytest.mark.slow   # Hypothesis over replay (~3 s)
+
+
 def examples(n: int) -> settings:
     return settings(max_examples=n * SCALE, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,

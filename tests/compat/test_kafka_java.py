@@ -142,6 +142,7 @@ def expected_rows(rows, magic):
                     tuple(h) if magic == 2 else ()) for k, v, ts, h in rows), key=repr)
 
 
+@pytest.mark.slow
 def test_every_codec_and_format_the_sink_writes_reads_in_kafka(ks, tmp_path, kafka_check):
     root = tmp_path / "c"
     rows = sink_rows()

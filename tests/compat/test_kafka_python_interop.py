@@ -507,6 +507,7 @@ def logs(draw, timestamps):
     return out, draw(st.integers(0, 2**40))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(logs(KAFKA_TS), st.booleans())
 def test_hypothesis_we_write_kafka_python_reads(spec, stamp_after):
@@ -520,6 +521,7 @@ def test_hypothesis_we_write_kafka_python_reads(spec, stamp_after):
     assert_same_everywhere(b"".join(parts), expected)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(logs(ANY_TS))
 def test_hypothesis_kafka_python_writes_we_read(spec):

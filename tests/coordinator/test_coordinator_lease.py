@@ -354,6 +354,7 @@ def test_two_processes_race_to_acquire_exactly_one_holds(root, tmp_path):
     assert len({a["epoch"] for a in acquires}) == ROUNDS
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_holder_a_standby_takes_over_after_expiry(root, tmp_path):
     state_file, refused_file = tmp_path / "holder.json", tmp_path / "refused"
     holder = child("hold", root, "holder", LEASE_MS, state_file)

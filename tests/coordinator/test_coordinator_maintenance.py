@@ -38,6 +38,9 @@ RUNS = "kafkalog_coordinator_maintenance_runs_total"
 FAILURES = "kafkalog_coordinator_maintenance_failures_total"
 
 
+pytestmark = pytest.mark.slow   # coordinator processes running scheduled maintenance (~14 s)
+
+
 def runs_of(m: dict, kind: str, name: str = RUNS) -> float:
     return m.get((name, frozenset({("kind", kind)})), 0)
 

@@ -38,6 +38,9 @@ from pyspark_kafkalog.errors import (CoordinatorAuthenticationError,
 
 # -- RPC and its token ---------------------------------------------------------------------------
 
+pytestmark = pytest.mark.slow   # coordinator processes started, killed and taken over (~25 s)
+
+
 def test_status_and_ping_answer_a_caller_with_the_token(cluster, coordinators):
     c = coordinators(cluster)
     assert c.epoch == 1 and c.active

@@ -139,6 +139,7 @@ def test_the_cache_slots_are_a_coordinator_setting(cluster):
 
 # -- one cache for every client: KIP-227's rules -------------------------------------------------
 
+@pytest.mark.slow
 def test_more_clients_than_slots_evict_by_kip_227s_rules_and_the_metrics_count_it(
         url, cluster, coordinators):
     Admin(url).create_topic("t", 4)
@@ -206,6 +207,7 @@ def test_more_clients_than_slots_evict_by_kip_227s_rules_and_the_metrics_count_i
     assert cache.incremental_fetch_session_evictions == 2
 
 
+@pytest.mark.slow
 def test_an_evicted_client_recovers_with_a_full_fetch_and_keeps_true_positions(
         url, cluster, coordinators, caplog):
     caplog.set_level(logging.INFO, logger="pyspark_kafkalog.coordinator.fetch_session")

@@ -223,6 +223,7 @@ def _rss_kb(pid: int) -> dict:
     return fields
 
 
+@pytest.mark.slow
 def test_a_coordinator_process_under_the_1e_300_abuse_keeps_serving_in_bounded_memory(
         url, cluster, token_file, services):  # noqa: F811
     """The issue's reproduction, on a real `kafkalog coordinator`: a quota of 1e-300 in the log
@@ -428,6 +429,7 @@ def test_serving_watch_counts_a_stall_only_when_every_worker_is_busy():
     assert watch.wrap(lambda r: {"ok": r})({"x": 1}) == {"ok": {"x": 1}}
 
 
+@pytest.mark.slow
 def test_a_coordinator_none_of_whose_rpc_workers_is_free_for_a_lease_gives_it_up(
         cluster, coordinators):  # noqa: F811
     """Its lease thread renews regardless of the RPC server, so a wedged server kept the lease

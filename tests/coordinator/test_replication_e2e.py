@@ -41,7 +41,8 @@ from pyspark_kafkalog.storage import open_storage
 from support.replication_support import Background
 from support.moto_support import BUCKET, moto_options  # noqa: F401  (a session fixture: a moto server)
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.slow]   # replication across backends with Kafka's classes (~3 s and a build)
 
 LAG_MS = 1_000
 SESSION_MS = 500

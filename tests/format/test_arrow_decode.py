@@ -107,6 +107,7 @@ def test_golden_segments(path):
             assert not answered, "magic 0/1 entries belong to the general decoder"
 
 
+@pytest.mark.slow
 @needs_fast
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=v2_batches(), with_headers=st.booleans(), control=st.booleans())

@@ -154,6 +154,7 @@ def v2_batches(draw):
     return b"".join(out)
 
 
+@pytest.mark.slow
 @needs_c
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=v2_batches(), with_headers=st.booleans(), window=st.integers(0, 30))
@@ -285,6 +286,7 @@ def test_seeded_damaged_blobs_fail_identically():
         assert any(k.startswith(prefix) for k in kinds), (prefix, kinds)
 
 
+@pytest.mark.slow
 @needs_c
 def test_damaged_blobs_never_crash_the_interpreter():
     """A larger run in a child process, so an out-of-bounds read shows up as a failed test
@@ -298,6 +300,7 @@ def test_damaged_blobs_never_crash_the_interpreter():
         f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
 
 
+@pytest.mark.slow
 @needs_c
 @settings(max_examples=500, deadline=None)
 @given(recs=st.lists(st.tuples(st.integers(INT64_MIN, INT64_MAX), st.integers(-5, 40), BYTES,

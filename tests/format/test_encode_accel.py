@@ -258,6 +258,7 @@ def encode_inputs(draw):
     return recs, pad, bounds
 
 
+@pytest.mark.slow
 @needs_c
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=encode_inputs())

@@ -140,12 +140,14 @@ def test_every_length_up_to_20():
     check(pa.array(keys, pa.binary()))
 
 
+@pytest.mark.slow
 def test_long_keys():
     rng = random.Random(7)
     keys = [rng.randbytes(n) for n in (64, 255, 1000, 4097, 65_537)]
     check(pa.array(keys, pa.binary()), counts=[1, 12, 1009])
 
 
+@pytest.mark.slow
 @needs_c
 def test_quarter_megabyte_key_c_equals_numpy():
     """Too long for the scalar references to be quick (the numpy code, too, takes one round of

@@ -23,6 +23,8 @@ import os
 import tempfile
 from typing import List, NamedTuple, Optional
 
+import pytest
+
 from hypothesis import HealthCheck, event, given, settings, target
 from hypothesis import strategies as st
 
@@ -39,6 +41,9 @@ from pyspark_kafkalog.log.partition import PartitionLog
 from pyspark_kafkalog.storage import open_storage
 
 SCALE = max(1, int(float(os.environ.get("KAFKALOG_FUZZ_SCALE", "1"))))
+
+
+pytestmark = pytest.mark.slow   # Hypothesis over the record formats and the log (~30 s)
 
 
 def examples(n: int) -> settings:

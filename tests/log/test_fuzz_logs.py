@@ -388,6 +388,7 @@ def check_unrecovered_reads(f: Findings, root: Path, src: Source, seg_i: int, mu
                       "written", f"{where}, target {t} -> {out.value}")
 
 
+@pytest.mark.slow
 def test_damaged_segment_files(sources, tmp_path):
     """Random damage to one .log file: decoding it and recover() (see the module docstring)."""
     f = Findings("test_damaged_segment_files")
@@ -535,6 +536,7 @@ def read_or_empty(path: Path) -> bytes:
     return path.read_bytes() if path.exists() else b""
 
 
+@pytest.mark.slow
 def test_damaged_index_files(sources, tmp_path):
     """Indexes are derived: with damaged .index/.timeindex files every read and timestamp lookup
     answers exactly as with good ones (or, at worst, raises a KafkaLogError: counted separately),

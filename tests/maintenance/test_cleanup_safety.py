@@ -31,6 +31,9 @@ ROUNDS = int(os.environ.get("KAFKALOG_SAFETY_ROUNDS", "5"))
 DAY_MS = 86_400_000
 
 
+pytestmark = pytest.mark.slow   # cleaners, stoppers and skewed clocks as processes (~13 s)
+
+
 def env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
 

@@ -95,6 +95,7 @@ def spark_less_read(root: Path):
             for o, v in zip(b.column("offset").to_pylist(), b.column("value").to_pylist())]
 
 
+@pytest.mark.slow
 def test_repair_replaces_a_corrupt_segment_without_touching_the_old_file(tmp_path):
     root = tmp_path / "kl"
     make_cluster(root)

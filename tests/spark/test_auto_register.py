@@ -10,7 +10,8 @@ import pytest
 
 from support.cli_support import REPO
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark,
+              pytest.mark.slow]   # PySpark sessions in child processes (~17 s)
 
 _JOB = """
 import sys

@@ -14,7 +14,8 @@ from support.coordinator_support import (cluster, coordinators, eventually,  # n
                                  token_file, url)
 from pyspark_kafkalog.admin import Admin
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.slow]   # streaming queries against a coordinator (~9 s)
 
 MIN_EVICTION_MS = 3000
 

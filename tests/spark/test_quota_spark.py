@@ -23,7 +23,8 @@ from support.coordinator_support import (cluster, coordinators, token_file,  # n
                                  url)                                    # (fixtures)
 from pyspark_kafkalog.admin import Admin
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.slow]   # real Spark jobs and streaming queries held to quotas (~85 s)
 
 SECONDS = float(os.environ.get("KAFKALOG_QUOTA_TEST_SECONDS", "20"))
 X = 4_000_000.0                     # bytes per second

@@ -9,6 +9,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.spark      # a SparkSession in a child process
+
 SCRIPT = """
 import sys
 from pyspark.sql import SparkSession

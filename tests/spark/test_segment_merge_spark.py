@@ -12,7 +12,8 @@ from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.maintenance.retention import merge_segments
 from pyspark_kafkalog.format.records import Record
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark,
+              pytest.mark.slow]   # streaming across repeated merges (~5 s)
 
 
 def test_a_streaming_query_and_batch_reads_across_repeated_merges(ks, tmp_path):

@@ -11,6 +11,9 @@ from pyspark_kafkalog.connector.sources import PartitionHandle
 MB = 1 << 20
 
 
+pytestmark = pytest.mark.slow   # many-partition Spark reads (~4 s)
+
+
 def task(partition, start, end, nbytes, topic="t"):
     handle = PartitionHandle("cluster", "mem://x", {}, topic, partition, f"{topic}-{partition}",
                              0, end)

@@ -7,9 +7,14 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from pyspark_kafkalog.admin import Admin
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "streaming" / "checkpoint-v1"
+
+
+pytestmark = pytest.mark.slow   # streaming queries (~4 s)
 
 
 def fill(root, topic="t", partitions=2, per_partition=10, start=0):

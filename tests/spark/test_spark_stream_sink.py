@@ -32,7 +32,8 @@ from pyspark_kafkalog.cluster.state import split_key
 from pyspark_kafkalog.errors import UnsupportedVersionError
 from pyspark_kafkalog.spark.write_options import WriteOptions
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+              pytest.mark.slow]   # streaming sinks (~4 s)
 
 SOURCE_SCHEMA = "id long, key string, part int"
 

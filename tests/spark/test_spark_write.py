@@ -192,6 +192,7 @@ def test_log_append_time_topic(ks, tmp_path):
 
 # -- atomicity ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Arrow optimization failed:RuntimeWarning")
 def test_failing_task_leaves_nothing_visible_and_no_files(ks, tmp_path):
     """Task 2 of 4 raises on one row, after it (and the others) reserved and wrote segments."""
@@ -368,6 +369,7 @@ def test_two_concurrent_jobs_both_land_whole(ks, tmp_path):
 
 # -- save modes and errors ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_save_modes(ks, tmp_path):
     from pyspark.errors import AnalysisException
     root = tmp_path / "c"
@@ -665,6 +667,7 @@ FORMATS = [(m, c) for m in (0, 1, 2) for c in ("none", "gzip", "snappy", "lz4", 
            if not (c == "zstd" and m < 2)]
 
 
+@pytest.mark.slow
 def test_every_codec_and_format_reads_back_with_kafka_python(ks, tmp_path, kafka_python_snappy):
     root = tmp_path / "c"
     rows = [(None if i % 4 == 0 else f"key-{i}", (f"value-{i}-" * (i % 9)).encode() or None,
@@ -728,6 +731,7 @@ def test_vectorised_encoder_is_byte_identical():
 
 # -- file count: the shuffle helper -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_segment_counts_with_and_without_the_shuffle(ks, tmp_path):
     """8 input partitions x 8 Kafka partitions: one segment per (task, partition) without the
     shuffle, the 8 input partitions coalesced to the 2 cores' tasks (maxTasks); exactly one per

@@ -29,6 +29,9 @@ THRESHOLD = 1000
 BUDGET = 400          # fastCatchUpRecordsPerTrigger
 
 
+pytestmark = pytest.mark.slow   # long streaming catch-ups (~12 s)
+
+
 def reader(root, **opts):
     o = ReadOptions.parse({"path": str(root), **{k: str(v) for k, v in opts.items()}},
                           streaming=True)

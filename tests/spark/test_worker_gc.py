@@ -13,6 +13,9 @@ import textwrap
 import pytest
 
 
+pytestmark = pytest.mark.slow   # Spark worker processes (~3 s)
+
+
 def _run(code: str, **env) -> str:
     import os
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,

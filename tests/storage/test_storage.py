@@ -356,6 +356,7 @@ for line in sys.stdin:
 """
 
 
+@pytest.mark.slow
 def test_create_if_absent_processes_one_winner(backend, storage):
     """8 real processes race on each of 10 paths: exactly one wins, its content is what is stored."""
     if not storage.guarantees.multi_process:

@@ -11,8 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "jobs" / "benchmark.py"
 CASES = ["v2-none", "v2-gzip", "v2-snappy", "v2-lz4", "v2-zstd", "v1-none", "v1-gzip"]
+
+
+pytestmark = pytest.mark.slow   # the benchmark's sections end to end (~40 s)
 
 
 def _positive(x) -> bool:

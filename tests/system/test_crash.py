@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from procs.appender import CONFIG, batch, batch_records
 from pyspark_kafkalog.format.columnar import decode_records
 from pyspark_kafkalog.log.partition import PartitionLog
@@ -17,6 +19,9 @@ from pyspark_kafkalog.storage import open_storage
 
 SCALE = int(os.environ.get("KAFKALOG_FUZZ_SCALE", "1"))
 HERE = Path(__file__).resolve().parents[1]          # tests/
+
+
+pytestmark = pytest.mark.slow   # kill -9 at random points while appending (~6 s)
 
 
 def _run_and_kill(root: Path, start_batch: int, rng: random.Random):

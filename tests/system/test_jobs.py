@@ -19,6 +19,9 @@ import merge_segments as merge_job  # noqa: E402
 import retention as retention_job  # noqa: E402
 
 
+pytestmark = pytest.mark.slow   # the spark-submit jobs (~13 s)
+
+
 def _fill(admin, topics=("a", "b"), partitions=3, writes=4):
     for t in topics:
         admin.create_topic(t, partitions, configs={"segment.bytes": 100, "retention.ms": 1000})

@@ -57,8 +57,9 @@ def _can_mount() -> bool:
     return True
 
 
-pytestmark = pytest.mark.skipif(not _can_mount(), reason="needs root, losetup, mount and "
-                                                         "mkfs.ext4 (a loop-mounted ext4)")
+pytestmark = [pytest.mark.skipif(not _can_mount(), reason="needs root, losetup, mount and "
+                                                          "mkfs.ext4 (a loop-mounted ext4)"),
+              pytest.mark.slow]   # a loop-mounted file system's power cut (as root)
 
 
 class Mounted:

@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.spark,
+              pytest.mark.slow]   # the quickstart Spark jobs, three times (~90 s)
+
 QUICKSTART = Path(__file__).resolve().parents[2] / "jobs" / "quickstart.py"
 STREAMING = QUICKSTART.with_name("quickstart_streaming.py")
 

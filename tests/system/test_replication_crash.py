@@ -43,6 +43,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from support.polling import eventually as poll_until
 from support.processes import ChildProcess
 from procs.torture_common import make_key, value_for
@@ -70,6 +72,9 @@ DEADLINE_S = 180            # only against hangs; the machine may be shared
 eventually = functools.partial(poll_until, deadline_s=DEADLINE_S, interval_s=0.1)
 SEGMENT = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 SEGMENT_CONFIG = {"segment.bytes": "4096", "index.interval.bytes": "512"}
+
+
+pytestmark = pytest.mark.slow   # coordinators killed at random points while they copy (~20 s)
 
 
 # -- processes --------------------------------------------------------------------------------

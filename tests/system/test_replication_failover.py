@@ -82,6 +82,9 @@ SEGMENT = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 
 # -- processes --------------------------------------------------------------------------------
 
+pytestmark = pytest.mark.slow   # coordinators and producers killed while a root goes away (~25 s)
+
+
 class Child(ChildProcess):
     """A failover or replication child (tests/procs/failover_child.py, replication_child.py)."""
 

@@ -12,6 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = [pytest.mark.spark,
+              pytest.mark.slow]   # streaming queries in child processes killed and restarted (~70 s)
+
 from pyspark_kafkalog.admin import Admin
 
 CHILD = Path(__file__).resolve().parents[1] / "procs" / "stream_child.py"

@@ -31,6 +31,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import pytest
+
 from procs.torture_common import (ALL_TPS, TOPIC_CONFIGS, TOPICS, PARTITIONS, child_cmd, child_env,
                                   complete_json_lines, value_for)
 from pyspark_kafkalog.admin import Admin
@@ -50,6 +52,9 @@ KAFKALOG = ([str(_SCRIPT)] if _SCRIPT.exists()          # the installed `kafkalo
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+pytestmark = pytest.mark.slow   # real processes under SIGKILL for a fixed time (~60 s)
+
 
 class LineReader:
     """JSON lines of a child's stdout, read by a thread so the parent can wait with a deadline."""
