@@ -54,7 +54,8 @@ setup(
                            depends=["pyspark_kafkalog/format/_pool.h",
                                     "pyspark_kafkalog/format/_encode_common.h",
                                     "pyspark_kafkalog/format/_encode_accumulate.h",
-                                    "pyspark_kafkalog/format/_encode_murmur2.h"],
+                                    "pyspark_kafkalog/format/_encode_murmur2.h",
+                                    "pyspark_kafkalog/format/_encode_cleaner.h"],
                            optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
     install_requires=[

@@ -24,10 +24,14 @@
  * Also in this module: Kafka's murmur2 partitioner over a binary array (_encode_murmur2.h), the
  * C twin of arrow_encode.py:murmur2_array / partitions_for_keys (same rules: optional, numpy
  * reference). The shared input and record code is _encode_common.h.
+ *
+ * And the log cleaner's hot loops (_encode_cleaner.h): key digests, the offset map's table, the
+ * kept records of a batch (log/offset_map.py, log/cleaner.py are their reference).
  */
 #include "_encode_common.h"
 #include "_encode_accumulate.h"
 #include "_encode_murmur2.h"
+#include "_encode_cleaner.h"
 
 PyDoc_STRVAR(encode_v2_records_doc,
 "encode_v2_records(key, value, timestamps, bounds, hrec, hcount, allocate)\n--\n\n"
@@ -113,6 +117,10 @@ static PyMethodDef methods[] = {
     {"encode_v2_records", encode_v2_records, METH_VARARGS, encode_v2_records_doc},
     {"murmur2_hashes", murmur2_hashes, METH_VARARGS, murmur2_hashes_doc},
     {"murmur2_partitions", murmur2_partitions, METH_VARARGS, murmur2_partitions_doc},
+    {"key_digests", key_digests, METH_VARARGS, key_digests_doc},
+    {"offset_map_put", offset_map_put, METH_VARARGS, offset_map_put_doc},
+    {"offset_map_get", offset_map_get, METH_VARARGS, offset_map_get_doc},
+    {"filter_v2_records", filter_v2_records, METH_VARARGS, filter_v2_records_doc},
     {NULL, NULL, 0, NULL},
 };
 

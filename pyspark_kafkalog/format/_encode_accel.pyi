@@ -46,3 +46,23 @@ class Accumulator:
     @property
     def pending(self) -> int:
         """Records in open batches."""
+
+
+def key_digests(offsets, data, out, /) -> None:
+    """MurmurHash3_x64_128 (seed 0) of each key ``data[offsets[i]:offsets[i+1]]`` (int64
+    offsets, ``n + 1`` of them) into ``out`` (``2 * n`` uint64: high, low per key)."""
+
+
+def offset_map_put(table, digests, offsets, entries: int, max_entries: int, /) -> Tuple[int, int]:
+    """Put digests (``(n, 2)`` uint64) with their offsets (int64) into the offset map's table
+    (``(slots, 3)`` int64), in order; stops before a new digest once ``max_entries`` are held.
+    Returns ``(number put, entries now)``."""
+
+
+def offset_map_get(table, digests, out, /) -> None:
+    """Each digest's offset in the table into ``out`` (int64), -1 where absent."""
+
+
+def filter_v2_records(records, count: int, keep, ts_shift: int, /) -> bytes:
+    """The kept records (``keep``: uint8 per record) of an uncompressed magic 2 records
+    section, their timestamp deltas lowered by ``ts_shift``."""

@@ -162,8 +162,13 @@ def _legacy_message(offset: int, magic: int, attrs: int, timestamp: int, key, va
 
 def encode_message_set(records: Sequence[Record], *, magic: int, base_offset: int = 0,
                        compression: int = 0, timestamp_type: int = CREATE_TIME,
-                       log_append_time: int | None = None) -> EncodedBatch:
+                       log_append_time: int | None = None,
+                       offsets: Sequence[int] | None = None) -> EncodedBatch:
     """Magic 0/1 messages as Kafka's legacy ``MemoryRecordsBuilder`` writes them.
+
+    ``offsets``: each record's absolute offset (strictly increasing; ``base_offset`` is then
+    ignored), for a set with gaps, as the log cleaner rewrites a wrapper with its surviving
+    messages at their own offsets; by default ``base_offset + i``.
 
     Uncompressed: one message per record, absolute offsets. Compressed: one wrapper whose offset is
     the absolute offset of its last inner message; inner offsets are relative (0..n-1) for magic 1
@@ -179,15 +184,22 @@ def encode_message_set(records: Sequence[Record], *, magic: int, base_offset: in
     if timestamp_type == LOG_APPEND_TIME and log_append_time is None:
         raise InvalidRecordError("LogAppendTime needs the log append time")
     ts_attr = TIMESTAMP_TYPE_BIT if (magic == MAGIC_V1 and timestamp_type == LOG_APPEND_TIME) else 0
+    if offsets is None:
+        offsets = range(base_offset, base_offset + len(records))
+    elif len(offsets) != len(records) or any(b <= a for a, b in zip(offsets, offsets[1:])):
+        raise InvalidRecordError("offsets must be one per record and strictly increasing")
+    else:
+        base_offset = offsets[0]
     max_ts = NO_TIMESTAMP
     messages = []
-    for i, rec in enumerate(records):
+    for rec, offset in zip(records, offsets):
         ts = NO_TIMESTAMP if magic == MAGIC_V0 else (
             log_append_time if timestamp_type == LOG_APPEND_TIME else rec.timestamp)
         max_ts = max(max_ts, ts)
-        inner_offset = i if (compression and magic == MAGIC_V1) else base_offset + i
+        # magic 1 wrappers hold offsets relative to the first (Kafka's toInnerOffset)
+        inner_offset = offset - base_offset if (compression and magic == MAGIC_V1) else offset
         messages.append(_legacy_message(inner_offset, magic, ts_attr, ts, rec.key, rec.value))
-    last_offset = base_offset + len(records) - 1
+    last_offset = offsets[-1]
     if not compression:
         return EncodedBatch(b"".join(messages), magic, base_offset, last_offset, max_ts,
                             len(records), 0)
