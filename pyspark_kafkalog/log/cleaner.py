@@ -49,8 +49,6 @@ _filter_v2 = accel.ENCODE.filter_v2_records if accel.ENCODE is not None else Non
 #: Kafka's ``delete.retention.ms`` default (1 day).
 DEFAULT_DELETE_RETENTION_MS = 86_400_000
 _CONTROL_KEY = struct.Struct(">hh")
-_I32 = struct.Struct(">i")
-_MAX_OFFSET_DELTA = 0x7FFFFFFF
 
 
 class AbortedTxn(NamedTuple):
@@ -376,24 +374,32 @@ def clean_segments(sources: Sequence[SourceSegment], offset_map: OffsetMap, *, n
                    txn: Optional[TransactionMetadata] = None,
                    last_records: Mapping[int, LastRecord] = {},
                    legacy_delete_horizon: int = 0,
-                   index_interval_bytes: int = 4096) -> CleanedSegment:
+                   index_interval_bytes: int = 4096,
+                   retain_last_batch: bool = False) -> CleanedSegment:
     """Kafka's ``cleanSegments``: clean a group of adjacent segments into one named after the
     first. ``offset_map`` is the round's map (:func:`build_offset_map`); ``txn`` the round's
     :class:`TransactionMetadata` (one for all the round's groups, in offset order, built with
     every aborted transaction of the log); ``last_records`` the producers' state (the log's
     producer state, or :func:`last_records_of`); ``legacy_delete_horizon``:
-    :func:`legacy_delete_horizon_ms`. The rules are docs/compaction.md's."""
+    :func:`legacy_delete_horizon_ms`. The rules are docs/compaction.md's.
+
+    ``retain_last_batch``: the group's last batch is kept even when nothing of it survives
+    (magic 2: emptied, as a producer's last batch is; magic 0/1: as it is), so that the new
+    segment ends where the group ended. A cluster needs it: a segment whose data reaches the
+    next one's base is how a replaced segment's successors are known to be covered (the
+    group's other files, docs/protocol.md §4.1), and readers see no gap at its end."""
     txn = txn if txn is not None else TransactionMetadata()
     stats = CleanerStats()
     builder = IndexBuilder(sources[0].base_offset, index_interval_bytes)
     pieces: List[bytes] = []
     retained_before = len(txn.retained_aborted)
     last_written: Optional[int] = None
-    for seg in sources:
+    for i, seg in enumerate(sources):
         retain_legacy_deletes = seg.last_modified_ms > legacy_delete_horizon
         for piece, size, last_offset, max_ts in _clean_into(
                 seg.data, offset_map, now_ms, delete_retention_ms, txn, last_records,
-                retain_legacy_deletes, stats):
+                retain_legacy_deletes, stats,
+                retain_last=retain_last_batch and i == len(sources) - 1):
             pieces.append(piece)
             builder.add(size, last_offset, max_ts)
             last_written = last_offset
@@ -409,7 +415,7 @@ def clean_segments(sources: Sequence[SourceSegment], offset_map: OffsetMap, *, n
 
 def _clean_into(data, offset_map: OffsetMap, now_ms: int, retention_ms: int,
                 txn: TransactionMetadata, last_records: Mapping[int, LastRecord],
-                retain_legacy_deletes: bool, stats: CleanerStats):
+                retain_legacy_deletes: bool, stats: CleanerStats, retain_last: bool = False):
     """Kafka's ``cleanInto`` + ``filterTo`` over one source ``.log``: yields ``(bytes, size,
     last offset, max timestamp)`` of each batch written."""
     cols = _decode(data)
@@ -442,6 +448,8 @@ def _clean_into(data, offset_map: OffsetMap, now_ms: int, retention_ms: int,
             can_discard = txn.on_batch_read(h)
             discard_records = can_discard
         retain_empty = h.producer_id >= 0 and _is_last_of_producer(h, last_records)
+        if retain_last and b == len(cols.batches) - 1:
+            retain_empty = True   # the group's last batch (clean_segments' retain_last_batch)
         if discard_records and not retain_empty:
             continue                                           # BatchRetention.DELETE
         marker_for_empty_txn = can_discard and h.is_control
@@ -491,7 +499,13 @@ def _clean_into(data, offset_map: OffsetMap, now_ms: int, retention_ms: int,
             yield out, len(out), last, max_ts
         elif retain_empty:                                     # BatchRetention.RETAIN_EMPTY
             if h.magic < MAGIC_V2:
-                raise CorruptRecordError("a magic 0/1 entry cannot be kept empty")
+                if not retain_last:
+                    raise CorruptRecordError("a magic 0/1 entry cannot be kept empty")
+                # no empty entry exists before magic 2: the group's last one stays whole
+                stats.batches_written += 1
+                stats.bytes_written += h.size
+                yield view[h.position:h.end], h.size, h.last_offset, h.max_timestamp
+                continue
             out = empty_batch(h)
             stats.batches_written += 1
             stats.bytes_written += len(out)
