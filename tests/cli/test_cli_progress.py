@@ -7,6 +7,8 @@ import pty
 import subprocess
 import sys
 
+import pytest
+
 from support.cli_support import REPO, run_cli
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.progress import observed, tracked
@@ -37,6 +39,7 @@ def on_a_terminal(*argv):
     return proc.returncode, out, b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_create_repair_verify_and_cleanup_draw_bars_on_a_terminal(tmp_path):
     url = str(tmp_path / "c")
     rc, out, tty = on_a_terminal("--cluster", url, "topics", "--create", "--topic", "big",

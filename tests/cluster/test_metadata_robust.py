@@ -184,6 +184,7 @@ def test_old_snapshot_saying_empty_never_deletes_data(cluster):
     assert sorted(p.name for p in (cluster / "logdir-0").iterdir() if p.is_dir()) == dirs
 
 
+@pytest.mark.slow
 def test_good_snapshots_are_used_and_verified(tmp_path):
     root = tmp_path / "kl"
     a = Admin(str(root), snapshot_interval=5)

@@ -145,6 +145,7 @@ def test_cluster_identity_of_a_newer_version_is_refused(cluster):
     assert_refused(rc, err, ["topics"])
 
 
+@pytest.mark.slow
 def test_spark_reader_and_writer_refuse_a_future_cluster(cluster, ks):
     add_entry(cluster, FUTURE["unknown action"])
     before = listing(cluster)

@@ -133,6 +133,7 @@ def test_admin_produce_refuses_and_writes_nothing(root):
 
 # -- a Spark write ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_spark_write_of_a_row_over_the_limit_fails_and_makes_nothing_visible(ks, root):

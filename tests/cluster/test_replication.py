@@ -366,6 +366,7 @@ def test_reassignment_moves_a_partition_to_other_log_dirs(tmp_path):
     assert seen(admin) == [b"v%d" % i for i in range(7)]
 
 
+@pytest.mark.slow
 def test_reassign_partitions_cli_and_log_dirs_lag(tmp_path):
     import json
     import subprocess

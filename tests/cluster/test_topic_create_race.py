@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.format.checkpoint import parse_partition_metadata
 from pyspark_kafkalog.format.records import Record
@@ -19,6 +21,7 @@ ROUNDS = int(os.environ.get("KAFKALOG_CREATE_RACE_ROUNDS", "50"))
 PARTITIONS = 3
 
 
+@pytest.mark.slow
 def test_one_winner_and_a_usable_topic(tmp_path):
     root = tmp_path / "kl"
     admin = Admin(str(root))

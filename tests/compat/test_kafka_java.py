@@ -102,6 +102,7 @@ def test_the_check_sees_the_golden_damage(kafka_check, golden_copy, case):
 
 # -- 2. our recovery leaves what Kafka reads cleanly -----------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", DAMAGED)
 def test_kafka_reads_our_recovery_of_the_damaged_cases(kafka_check, golden_copy, case):
     PartitionLog(open_storage(str(golden_copy)), case).recover()
@@ -178,6 +179,7 @@ def test_every_codec_and_format_the_sink_writes_reads_in_kafka(ks, tmp_path, kaf
     full.unpersist()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("magic", [1, 2])
 def test_log_append_time_topics_read_in_kafka(ks, tmp_path, kafka_check, magic):
     root = tmp_path / "c"
@@ -199,6 +201,7 @@ def test_log_append_time_topics_read_in_kafka(ks, tmp_path, kafka_check, magic):
 
 # -- 4. a cluster's log dir files ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cluster_checkpoints_read_in_kafka_after_delete_records(ks, tmp_path, kafka_check):
     root = tmp_path / "c"
     rows = sink_rows(300, seed=5)
@@ -235,6 +238,7 @@ def test_cluster_checkpoints_read_in_kafka_after_delete_records(ks, tmp_path, ka
 
 # -- 5. the broker-side append ---------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ts_type", ["CreateTime", "LogAppendTime"])
 def test_partition_log_appends_read_in_kafka(tmp_path, kafka_check, ts_type):
     props = {"segment.bytes": 16 * 1024, "index.interval.bytes": 1500,
@@ -298,6 +302,7 @@ def parity_keys(seed=2025):
     return sorted(keys)
 
 
+@pytest.mark.slow
 def test_vectorised_partitioner_matches_kafkas_java_producer(kafka_check):
     keys = parity_keys()
     arr = pa.array(keys, pa.binary()).slice(5)        # a slice: offsets must be honoured
@@ -305,6 +310,7 @@ def test_vectorised_partitioner_matches_kafkas_java_producer(kafka_check):
         assert partitions_for_keys(arr, n).tolist() == kafka_check.partitions(keys[5:], n), n
 
 
+@pytest.mark.slow
 def test_sink_puts_keyed_rows_where_kafkas_java_producer_does(ks, tmp_path, kafka_check):
     root = tmp_path / "c"
     keys = parity_keys(7)
@@ -318,6 +324,7 @@ def test_sink_puts_keyed_rows_where_kafkas_java_producer_does(ks, tmp_path, kafk
 
 # -- 7. merged segments (docs/protocol.md §4.1) -----------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("magic_version", ["3.0-IV1", "0.10.2", "0.9.0"])
 def test_merged_segments_read_in_kafka(tmp_path, kafka_check, magic_version):
     from pyspark_kafkalog.maintenance.retention import merge_segments

@@ -18,6 +18,9 @@ from support.shared_paths import GOLDEN, PROJECT, missing, needs_golden
 TESTS = PROJECT / "tests"
 
 
+pytestmark = pytest.mark.slow   # pytest runs in child processes (~5 s)
+
+
 def run_pytest(*args, ci: bool, cwd: Path = PROJECT, **env) -> tuple[int, str]:
     e = {k: v for k, v in os.environ.items()
          if k not in ("CI", "KAFKALOG_SHARED", "KAFKALOG_GOLDEN", "KAFKALOG_KAFKA_SOURCE",

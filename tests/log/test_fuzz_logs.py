@@ -36,6 +36,9 @@ from pyspark_kafkalog.storage import open_storage
 
 # -- partition sources: golden copies and fresh logs -----------------------------------------------
 
+pytestmark = pytest.mark.slow   # fuzzing of damaged copies of the golden logs (~15 s)
+
+
 class Source(NamedTuple):
     name: str
     path: Path            # the pristine partition dir (never modified)

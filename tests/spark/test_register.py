@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.spark      # a SparkSession in a child process
+pytestmark = [pytest.mark.spark,     # a SparkSession in a child process (~7 s)
+              pytest.mark.slow]
 
 SCRIPT = """
 import sys

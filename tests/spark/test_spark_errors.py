@@ -64,6 +64,7 @@ def test_a_corrupt_segment_read_by_a_task_names_the_damage_and_the_read_only_che
     assert "Traceback" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_bad_option_of_a_stream_fails_the_query_with_it_on_the_first_line(spark, cluster):
     query = (spark.readStream.format("kafkalog").option("topic", "t").load(cluster)
              .writeStream.format("noop").start())

@@ -229,6 +229,7 @@ def test_starting_and_ending_offsets(kspark):
              startingOffsets={t: {"0": 5}}).count()
 
 
+@pytest.mark.slow
 def test_starting_and_ending_timestamps_through_the_time_index(kspark):
     case, t = "m2-none-create-0", "m2-none-create"
     recs = expected_records(case)
@@ -305,6 +306,7 @@ def test_uncommitted_writes_are_invisible_in_both_isolation_levels(kspark, clust
         producer.abort([pending])
 
 
+@pytest.mark.slow
 def test_fail_on_data_loss_after_delete_records(kspark, cluster):
     root = cluster["root"]
     assert [r[2] for r in rows_of(load(kspark, root, subscribe="dl"), False)] == \
@@ -396,6 +398,7 @@ def test_min_partitions_and_max_records_per_partition_split_ranges(kspark, clust
 
 # -- filter pushdown: bytes read follow the selected range ------------------------------------
 
+@pytest.mark.slow
 def test_offset_filter_reads_far_fewer_bytes(kspark, cluster, tmp_path):
     stats = tmp_path / "stats.jsonl"
     root = cluster["root"]
@@ -417,6 +420,7 @@ def test_offset_filter_reads_far_fewer_bytes(kspark, cluster, tmp_path):
     assert n == 8 and tail < full / 10
 
 
+@pytest.mark.slow
 def test_timestamp_filter_reads_far_fewer_bytes(kspark, cluster, tmp_path):
     stats = tmp_path / "stats.jsonl"
     root = cluster["root"]
@@ -557,6 +561,7 @@ def _txn_log_dir(root):
     return root
 
 
+@pytest.mark.slow
 def test_read_committed_with_interleaved_and_open_transactions(kspark, tmp_path):
     root = _txn_log_dir(tmp_path / "txlog")
     offsets = lambda df: [r[2] for r in rows_of(df, False)]  # noqa: E731

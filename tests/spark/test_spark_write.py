@@ -536,6 +536,7 @@ def test_options_parse():
                         "kafka.ssl.truststore.location": "/x", "kafka.enable.idempotence": "1"})
 
 
+@pytest.mark.slow
 def test_errors_through_spark(ks, tmp_path, golden_copy):
     root = tmp_path / "c"
     admin = Admin(str(root))
@@ -761,6 +762,7 @@ def test_segment_counts_with_and_without_the_shuffle(ks, tmp_path):
     assert [r[0] for r in got] == [spark_hash_int(v) for v in vals]
 
 
+@pytest.mark.slow
 def test_shuffle_helper_unkeyed_and_explicit(ks, tmp_path):
     from pyspark_kafkalog.spark.writer import repartition_by_kafka_partition
     root = tmp_path / "c"
@@ -777,6 +779,7 @@ def test_shuffle_helper_unkeyed_and_explicit(ks, tmp_path):
     assert len(seg_files(root, "u", (".log",))) == 4
 
 
+@pytest.mark.slow
 def test_spark_sql_murmur2_matches_kafka_python(ks):
     """The shuffle helper computes Kafka's partition in Spark SQL; it must be the sink's."""
     from pyspark.sql import functions as F
@@ -790,6 +793,7 @@ def test_spark_sql_murmur2_matches_kafka_python(ks):
         (k, kp_murmur2(k) & 0xFFFFFFFF, py_partition(k, 11)) for k in keys]
 
 
+@pytest.mark.slow
 def test_end_to_end_with_the_spark_reader(ks, tmp_path):
     """Write with format("kafkalog"), read back with format("kafkalog"), copy topic to topic."""
     root = str(tmp_path / "c")
@@ -818,6 +822,7 @@ def test_end_to_end_with_the_spark_reader(ks, tmp_path):
                            for r in admin.consume("src")), key=repr)
 
 
+@pytest.mark.slow
 def test_writes_from_a_thread_pool_find_the_format(ks, tmp_path):
     """PySpark 4.3 looks a Python data source up for a write in the calling thread's active
     session; threads other than the session's own have none. ``register`` makes the writer's

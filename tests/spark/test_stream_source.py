@@ -315,6 +315,7 @@ def test_starting_timestamp_headers_and_task_splitting(root):
     assert sum(b.num_rows for b in batches) == 48
 
 
+@pytest.mark.slow
 def test_the_steady_state_shortcut_agrees_with_looking_at_everything(tmp_path):
     """Looking only at what the fetch session says changed (plus the backlog) must give the
     same end offsets as a reader that looks at every partition (a new one, each trigger)."""

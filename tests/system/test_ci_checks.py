@@ -13,6 +13,9 @@ from support.shared_paths import GOLDEN, PROJECT, needs_golden
 TESTS = PROJECT / "tests"
 
 
+pytestmark = pytest.mark.slow   # pytest runs in child processes (~3 s)
+
+
 def run_pytest(tmp_path, ci: bool, **env) -> tuple[int, str]:
     (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
     e = {k: v for k, v in os.environ.items()
