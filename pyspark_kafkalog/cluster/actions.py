@@ -375,6 +375,23 @@ class MergeSegments(Action):
 
 
 @dataclass(frozen=True)
+class CleanSegments(Action):
+    """Groups of adjacent committed segments of one compacted partition cleaned into one each
+    (reader feature ``logCompaction``, docs/protocol.md §4.2), ordered with merges by ``after``
+    (the partition's last merge or clean); ``runs`` as ``MergeSegments``' (a group may be one
+    segment); ``cleaned_to``: the first offset the clean's offset map did not cover, Kafka's
+    cleaner checkpoint."""
+    OP: ClassVar[str] = "clean_segments"
+    topic: str = spec(check_str)
+    topic_id: str = spec(check_str)
+    partition: int = spec(check_int)
+    after: int = spec(check_int)
+    runs: List[list] = spec(list_of(check_merge_run))
+    cleaned_to: int = spec(check_int)
+    log_dirs: List[str] = spec(list_of(check_str))
+
+
+@dataclass(frozen=True)
 class ClientQuotaChange(Action):
     """Byte-rate quotas of a client id or the default entity (KIP-13): reader feature
     ``clientQuotas`` (docs/protocol.md §12)."""

@@ -32,6 +32,8 @@ CLIENT_QUOTAS = "clientQuotas"
 FLUSH_CONFIGS = "flushConfigs"
 #: merge_segments actions and the topic config segment.merge.lag.ms (§4.1)
 SEGMENT_MERGE = "segmentMerge"
+#: clean_segments actions, the cleaner checkpoints and the compaction topic configs (§4.2)
+LOG_COMPACTION = "logCompaction"
 #: replica_lost actions: what a follower's files do not hold leaves held[r] and the ISR (§1.3)
 REPLICA_CHECK = "replicaCheck"
 
@@ -54,13 +56,21 @@ READER_FEATURES: Dict[str, str] = {
     SEGMENT_MERGE: "merge_segments actions and the topic config segment.merge.lag.ms: runs of "
                    "adjacent committed segments merged into one that replaces the first's files "
                    "and covers the others until they are deleted; readers step over them",
+    LOG_COMPACTION: "clean_segments actions and the topic configs min.cleanable.dirty.ratio, "
+                    "min.compaction.lag.ms, max.compaction.lag.ms and delete.retention.ms: "
+                    "compacted partitions' segments replaced by cleaned ones, and readers that "
+                    "go on in a segment replaced under them",
     REPLICA_CHECK: "replica_lost actions: ranges a follower was recorded to hold but whose files "
                    "are gone, cut short or damaged leave what it holds, and it leaves the ISR",
 }
 #: the topic configs a cluster stores only once a feature is on: an older client would fail to
 #: parse the topic's configs, or ignore what they ask of it (§2.3)
 CONFIG_FEATURES: Dict[str, str] = {"flush.messages": FLUSH_CONFIGS, "flush.ms": FLUSH_CONFIGS,
-                                   "segment.merge.lag.ms": SEGMENT_MERGE}
+                                   "segment.merge.lag.ms": SEGMENT_MERGE,
+                                   "min.cleanable.dirty.ratio": LOG_COMPACTION,
+                                   "min.compaction.lag.ms": LOG_COMPACTION,
+                                   "max.compaction.lag.ms": LOG_COMPACTION,
+                                   "delete.retention.ms": LOG_COMPACTION}
 WRITER_FEATURES: Dict[str, str] = {}
 
 

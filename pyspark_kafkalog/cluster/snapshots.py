@@ -21,10 +21,11 @@ from .state import PARTITIONS_PER_PART, ClusterState, tp_key
 
 MANIFEST_VERSION = 3
 INLINE = ("txns", "decided", "acls", "deleted_topics", "sinks", "reader_features",
-          "writer_features", "coordinator", "log_dirs", "client_quotas", "segment_merges")
+          "writer_features", "coordinator", "log_dirs", "client_quotas", "segment_merges",
+          "cleaner_checkpoints")
 #: inline fields newer than version 3's first clients: left out while empty, so a cluster that
 #: does not use them writes the manifests it wrote before
-OMITTED_WHEN_EMPTY = ("segment_merges",)
+OMITTED_WHEN_EMPTY = ("segment_merges", "cleaner_checkpoints")
 
 
 def _canonical(obj) -> bytes:

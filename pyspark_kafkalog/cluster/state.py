@@ -70,6 +70,9 @@ class ClusterState(ReplicationReplay, MergeReplay, LogDirReplay, LeaseReplay):
         #: per partition key, the seq of its last applied merge_segments (§4.1): what the
         #: next merge of that partition must have planned on. Never changed in place.
         self.segment_merges: Dict[str, int] = {}
+        #: per partition key, its cleaner checkpoint (§4.2: the first dirty offset of its next
+        #: clean). Never changed in place.
+        self.cleaner_checkpoints: Dict[str, int] = {}
         self.reader_features: List[str] = []
         self.writer_features: List[str] = []
         self.results: Dict[int, List[A.Result]] = {}   # seq -> per-action results (in memory)
@@ -101,6 +104,7 @@ class ClusterState(ReplicationReplay, MergeReplay, LogDirReplay, LeaseReplay):
         c.decided, c.acls, c.deleted_topics = self.decided, self.acls, self.deleted_topics
         c.sinks, c.coordinator, c.log_dirs = self.sinks, self.coordinator, self.log_dirs
         c.client_quotas, c.segment_merges = self.client_quotas, self.segment_merges
+        c.cleaner_checkpoints = self.cleaner_checkpoints
         c.touched = None
         c.reader_features, c.writer_features = list(self.reader_features), list(self.writer_features)
         c.results = dict(self.results)
@@ -191,7 +195,9 @@ class ClusterState(ReplicationReplay, MergeReplay, LogDirReplay, LeaseReplay):
                 "writer_features": self.writer_features,
                 **({} if self.coordinator is None else {"coordinator": self.coordinator}),
                 **({"client_quotas": self.client_quotas} if self.client_quotas else {}),
-                **({"segment_merges": self.segment_merges} if self.segment_merges else {})}
+                **({"segment_merges": self.segment_merges} if self.segment_merges else {}),
+                **({"cleaner_checkpoints": self.cleaner_checkpoints}
+                   if self.cleaner_checkpoints else {})}
 
     @classmethod
     def from_snapshot(cls, d, *, partitions: Optional[Dict[str, PartitionState]] = None
@@ -220,6 +226,7 @@ class ClusterState(ReplicationReplay, MergeReplay, LogDirReplay, LeaseReplay):
                       for name, info in (d.get("log_dirs") or {}).items()}
         s.client_quotas = {e: dict(v) for e, v in (d.get("client_quotas") or {}).items()}
         s.segment_merges = dict(d.get("segment_merges") or {})
+        s.cleaner_checkpoints = dict(d.get("cleaner_checkpoints") or {})
         return s
 
     # -- queries ------------------------------------------------------------------------------
@@ -671,5 +678,6 @@ HANDLERS = {
     A.CompleteReassignment: ClusterState._complete_reassignment,
     A.ClientQuotaChange: ClusterState._client_quota,
     A.MergeSegments: ClusterState._merge_segments,
+    A.CleanSegments: ClusterState._clean_segments,
 }
 assert set(HANDLERS) == set(A.ACTIONS.values()), "every action needs a handler"

@@ -392,6 +392,7 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
     # looked at again after a miss (a merge's covered segment, retention): once per missing
     # file, so a listing that keeps naming a file that is gone ends as data loss
     missed = set()
+    rewritten = set()   # segments found replaced under this read (a log clean), looked at anew
     position = None   # where the next entry of segments[i] starts, once a chunk was read there
     last_offset = None   # the last offset of the chunk read before, at position
     while offset < end:
@@ -429,6 +430,16 @@ def read_range(task, *, include_headers: bool, fail_on_data_loss: bool = True,
             i, position = i + 1, None
             continue
         except CorruptRecordError as exc:
+            # a log clean replaced the file after this read listed it (docs/protocol.md §4.2):
+            # the offsets not read yet are in the new file (the same records, or the latest of
+            # their keys), so the read goes on there, as a Kafka consumer does after the
+            # cleaner swapped a segment
+            if seg.base_offset not in rewritten and seg.replaced():
+                rewritten.add(seg.base_offset)
+                log.refresh()
+                segments = log.segments
+                i, position, last_offset = log.segment_for(offset) or 0, None, None
+                continue
             raise _damaged(handle, seg, exc, 0 if position is None else position) from None
         if chunk is None:
             i, position = i + 1, None

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from ..config_def import (BOOLEAN, INT, INT_MAX, LONG, LONG_MAX, STRING, Check, ConfigDef,
-                          at_least, between, check, one_of)
+from ..config_def import (BOOLEAN, DOUBLE, INT, INT_MAX, LONG, LONG_MAX, STRING, Check,
+                          ConfigDef, at_least, between, check, one_of)
 from ..errors import InvalidConfigError
 from ..format.codecs import codec_id
 from ..format.records import LOG_APPEND_TIME, parse_timestamp_type
@@ -79,7 +79,8 @@ TOPIC_CONFIGS = (
             "the codec of written batches (none, gzip, snappy, lz4, zstd), or producer: the "
             "writer's", validator=_compression)
     .define("cleanup.policy", STRING, "delete",
-            "delete: retention deletes old segments (compact is accepted and stored)",
+            "delete: retention deletes old segments; compact: the log cleaner keeps the latest "
+            "record per key (both: compact,delete)",
             validator=one_of("delete", "compact", "compact,delete", "delete,compact",
                              case_sensitive=True))
     .define("min.insync.replicas", INT, 1,
@@ -98,7 +99,17 @@ TOPIC_CONFIGS = (
             validator=between(0, LONG_MAX))
     .define("segment.merge.lag.ms", LONG, 60_000,
             "a committed segment is merged with its neighbours only once it is this old "
-            "(kafkalog's own)", validator=between(0, LONG_MAX)))
+            "(kafkalog's own)", validator=between(0, LONG_MAX))
+    .define("min.cleanable.dirty.ratio", DOUBLE, 0.5,
+            "a compacted log is cleaned once this share of its bytes is dirty",
+            validator=between(0, 1))
+    .define("min.compaction.lag.ms", LONG, 0,
+            "a record stays uncompacted for at least this long", validator=between(0, LONG_MAX))
+    .define("max.compaction.lag.ms", LONG, LONG_MAX,
+            "a record is compacted within this long, whatever the dirty ratio",
+            validator=between(1, LONG_MAX))
+    .define("delete.retention.ms", LONG, 86_400_000,
+            "how long a tombstone stays after its first clean", validator=between(0, LONG_MAX)))
 _DEFAULTS = TOPIC_CONFIGS.defaults(by_attr=True)
 
 
@@ -129,6 +140,10 @@ class LogConfig:
     #: head it tails stays as it was written, and the unmerged head is a minute of commits
     #: (docs/protocol.md §4.1)
     segment_merge_lag_ms: int = _DEFAULTS["segment_merge_lag_ms"]
+    min_cleanable_dirty_ratio: float = _DEFAULTS["min_cleanable_dirty_ratio"]
+    min_compaction_lag_ms: int = _DEFAULTS["min_compaction_lag_ms"]
+    max_compaction_lag_ms: int = _DEFAULTS["max_compaction_lag_ms"]
+    delete_retention_ms: int = _DEFAULTS["delete_retention_ms"]
 
     @property
     def compact(self) -> bool:

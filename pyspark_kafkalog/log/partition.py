@@ -130,6 +130,8 @@ class PartitionLog:
         self.segments = [old.get(b) or LogSegment(self.storage, self.dir, b, self.config,
                                                   self.stats) for b in sorted(sizes)]
         for i, seg in enumerate(self.segments):
+            if seg._size is not None and seg._size != sizes[seg.base_offset]:
+                seg.invalidate()   # a rewrite replaced it (§4.1, §4.2): its indexes too
             # the listing's size is as fresh as a stat would be, and saves one per segment
             # (read planning sizes every range from them)
             seg._size = sizes[seg.base_offset]
@@ -202,11 +204,21 @@ class PartitionLog:
             return b"", -1
         i = self.segment_for(offset)
         i = 0 if i is None else i
-        gone = set()
+        gone, replaced = set(), set()
         while i < len(self.segments):
             seg = self.segments[i]
             try:
                 data, _ = seg.read_from(offset, max_bytes)
+            except CorruptRecordError:
+                # a log clean replaced the file since it was listed (docs/protocol.md §4.2):
+                # the offsets from here on are in the new one; look again, once per file
+                if seg.base_offset in replaced or not seg.replaced():
+                    raise
+                replaced.add(seg.base_offset)
+                self.refresh()
+                i = self.segment_for(offset)
+                i = 0 if i is None else i
+                continue
             except StorageNotFoundError:
                 # deleted since the listing: a segment merge's covered segment, whose data the
                 # merged one holds (docs/protocol.md §4.1), or retention: look again, once per

@@ -15,7 +15,7 @@ from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from ..errors import CorruptRecordError, StorageNotFoundError
+from ..errors import CorruptRecordError, KafkaLogError, StorageNotFoundError
 from ..format import index as idx
 from ..format.batch import (HEADER_SIZE_UP_TO_MAGIC, V2_HEADER_SIZE, BatchHeader, EntryScan,
                             read_header, scan_entries, validate)
@@ -95,6 +95,18 @@ class LogSegment:
         if self._size is None or refresh:
             self._size = self.storage.size(self.log_path)
         return self._size
+
+    def replaced(self) -> bool:
+        """Whether the ``.log`` on storage is no longer the size this segment read it at: a
+        rewrite replaced it since (a log clean, docs/protocol.md §4.2). False when nothing was
+        read yet, or the file cannot be looked at."""
+        known = self._size
+        if known is None:
+            return False
+        try:
+            return self.storage.size(self.log_path) != known
+        except KafkaLogError:
+            return False
 
     def read(self, start: int, end: int) -> bytes:
         if self._map:   # a caller already mapped it (it knows the file is immutable)
@@ -213,6 +225,8 @@ class LogSegment:
             need = min(_HEADER_BYTES, end - pos)
             if pos + need > buf_start + len(buf):
                 buf_start, buf = pos, self.read(pos, min(end, pos + max(window, need)))
+                if len(buf) < need:   # the file ends before the size it was listed at
+                    raise scan.torn(pos, len(buf), need)
             rel = pos - buf_start
             size = scan.entry_size(buf, rel, buf_start)
             entry_end = pos + size
@@ -265,6 +279,9 @@ class LogSegment:
             if not first:
                 raise
             reason = str(exc)
+        if self.replaced():   # not a bad index: the caller's listing is older than the file
+            raise CorruptRecordError(f"{self.log_path} was replaced since it was listed (a log "
+                                     "clean, docs/protocol.md §4.2)")
         self._distrust_indexes(f"offset index entry {entry} ({reason})")
         yield from self.walk(0, end, **kwargs)
 

@@ -69,7 +69,7 @@ class PartitionMerges:
     offline: Optional[Tuple[str, str]] = None
 
 
-def _listing(storage, d: str) -> Tuple[Dict[int, Tuple[int, Optional[float]]],
+def listing(storage, d: str) -> Tuple[Dict[int, Tuple[int, Optional[float]]],
                                         Dict[int, Optional[float]]]:
     """``({base: (.log size, mtime)}, {base: mtime of its merge marker})`` of a partition
     directory."""
@@ -90,7 +90,7 @@ def finish_dir(storage, d: str, config, visible, now_s: float,
     ``visible(base)``: the segments to look at (the leader's visible ones; a follower's all).
     ``markers``: also mend what dead mergers left (not right after a publish of our own)."""
     delay_ms = config.file_delete_delay_ms if delay_ms is None else delay_ms
-    logs, found_markers = _listing(storage, d)
+    logs, found_markers = listing(storage, d)
     for b, mtime in sorted(found_markers.items()) if markers else ():
         # a merger died while it replaced b's files: once no live one can still be at it
         # (it publishes within its window or gives up), b's indexes are made from its .log
@@ -171,7 +171,7 @@ def _runs(ps, logs, covered: set, config, now_s: float, lag_ms: int) -> List[Lis
     return out
 
 
-def _followers_in_lockstep(cluster, state: ClusterState, topic: str, p: int, ps,
+def followers_in_lockstep(cluster, state: ClusterState, topic: str, p: int, ps,
                            run_sources: List[List[Tuple[int, int]]],
                            lo: int, hi: int) -> List[str]:
     """In-sync followers that hold ``[lo, hi)`` as the leader's very files (same bases and
@@ -186,7 +186,7 @@ def _followers_in_lockstep(cluster, state: ClusterState, topic: str, p: int, ps,
         if not any(s <= lo and hi <= e for s, e in rep["held"].get(r, [])):
             continue
         try:
-            logs, _ = _listing(cluster.storage, cluster.partition_dir(topic, p, r, state))
+            logs, _ = listing(cluster.storage, cluster.partition_dir(topic, p, r, state))
         except KafkaLogError:
             continue
         if all(logs.get(b, (None,))[0] == size for sources in run_sources
@@ -221,7 +221,7 @@ def merge_partition(cluster, state: ClusterState, topic: str, p: int, *,
                        lambda b: True, now_s, delay_ms, out)
         except KafkaLogError as exc:
             _log.info("segment merges: %s-%d on %s: %s", topic, p, r, exc)
-    logs, _ = _listing(storage, leader_dir)
+    logs, _ = listing(storage, leader_dir)
     groups = _runs(ps, logs, covered, config, now_s, lag_ms)
     if not groups:
         return out
@@ -235,7 +235,7 @@ def merge_partition(cluster, state: ClusterState, topic: str, p: int, *,
             _log.warning("segment merges: %s-%d: %s", topic, p, exc)
     if not built:
         return out
-    followers = _followers_in_lockstep(cluster, state, topic, p, ps,
+    followers = followers_in_lockstep(cluster, state, topic, p, ps,
                                        [m.sources for m in built], built[0].base, built[-1].end)
     runs = [[m.base, m.end, len(m.sources), m.size] for m in built]
     action = A.MergeSegments(topic=topic, topic_id=info["topic_id"], partition=p,
@@ -243,38 +243,52 @@ def merge_partition(cluster, state: ClusterState, topic: str, p: int, *,
                              log_dirs=[leader] + followers)
     if SEGMENT_MERGE not in cluster.state(refresh=False).reader_features:
         cluster.enable_feature(SEGMENT_MERGE)
+    delay = config.file_delete_delay_ms if delay_ms is None else delay_ms
+    if not submit_and_publish(cluster, state, topic, p, action, built, [leader] + followers,
+                              delay, out):
+        return out
+    out.merged = runs
+    return out
+
+
+def submit_and_publish(cluster, state: ClusterState, topic: str, p: int, action,
+                       built: Sequence[SM.MergedSegment], log_dirs: Sequence[str],
+                       delay_ms: int, out: PartitionMerges) -> bool:
+    """Steps 4 and 5 of a rewrite, a merge's or a clean's (docs/protocol.md §4.1, §4.2): append
+    its entry and, only if it applied, publish every rewritten segment to ``log_dirs`` (leader
+    first, whose files are the sources) within the publish window; with no delete delay, the
+    segments they cover go at once. False when the entry did not apply (``out.skipped`` says
+    why); a publish that stopped half-way also says so, and its entry stands: what was not
+    replaced stays whole and readable, and a later pass rewrites it again."""
+    storage = cluster.storage
     appended_at = time.monotonic()
     _, _, results = cluster.submit([action])
     if not results[0].ok:
         out.skipped = f"{results[0].error}: {results[0].message}"
-        return out
-    delay = config.file_delete_delay_ms if delay_ms is None else delay_ms
-    window = max(delay / 1000, MIN_PUBLISH_WINDOW_S)
+        return False
+    window = max(delay_ms / 1000, MIN_PUBLISH_WINDOW_S)
 
     def still_valid():
         if time.monotonic() - appended_at >= window:
-            raise KafkaStorageError(f"{topic}-{p}: the merge's entry is older than "
-                                    f"{window:.0f} s; a later merge may have replaced it")
+            raise KafkaStorageError(f"{topic}-{p}: the {action.OP} entry is older than "
+                                    f"{window:.0f} s; a later rewrite may have replaced it")
+    dirs = [cluster.partition_dir(topic, p, r, state) for r in log_dirs]
     try:
-        for r in [leader] + followers:
-            d = cluster.partition_dir(topic, p, r, state)
+        for d in dirs:
             for m in built:
-                SM.publish(storage, d, m, still_valid, source_dir=leader_dir)
+                SM.publish(storage, d, m, still_valid, source_dir=dirs[0])
                 out.bytes_written += m.size + len(m.index) + len(m.timeindex)
     except KafkaLogError as exc:
-        # the entry stands; what was not replaced stays as it was (still whole and readable),
-        # and a later pass merges it again
         out.skipped = str(exc)
-        _log.warning("segment merges: %s-%d: publishing stopped: %s", topic, p, exc)
-    out.merged = runs
-    if delay == 0 and not out.skipped:   # nothing to wait for: the covered go in this pass
+        _log.warning("%s: %s-%d: publishing stopped: %s", action.OP, topic, p, exc)
+    if delay_ms == 0 and not out.skipped:   # nothing to wait for: the covered go in this pass
         # (whatever the time now: the pass's clock was read before it began)
-        finish_dir(storage, leader_dir, config, ps.segment_visible, math.inf, 0, out,
-                   markers=False)
-        for r in followers:
-            finish_dir(storage, cluster.partition_dir(topic, p, r, state), config,
-                       lambda b: True, math.inf, 0, out, markers=False)
-    return out
+        ps = state.partition(topic, p)
+        config = state.topic_config(topic)
+        for i, d in enumerate(dirs):
+            finish_dir(storage, d, config, ps.segment_visible if i == 0 else (lambda b: True),
+                       math.inf, 0, out, markers=False)
+    return True
 
 
 def merge_step(cluster, state: ClusterState, items: Sequence[Tuple[str, int]],
