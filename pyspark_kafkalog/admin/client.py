@@ -199,10 +199,12 @@ class Admin:
         return retention(self.cluster, dry_run=dry_run, now_ms=now_ms,
                          partitions=[tuple(tp) for tp in partitions] if partitions else None)
 
-    def cleanup(self) -> Dict[str, List[str]]:
-        """What was removed, by kind. A log dir that cannot be reached is skipped and the
-        others cleaned; then ``OfflineLogDirError`` names it, with this dict as its ``done``."""
-        return collect_garbage(self.cluster)
+    def cleanup(self, *, compact_now: bool = False) -> Dict[str, List[str]]:
+        """What was removed or rewritten, by kind (``cleaned``: compacted segments, §4.2).
+        ``compact_now``: clean every compacted partition with dirty records, due or not. A log
+        dir that cannot be reached is skipped and the others cleaned; then
+        ``OfflineLogDirError`` names it, with this dict as its ``done``."""
+        return collect_garbage(self.cluster, compact_now=compact_now)
 
     def repair_partition(self, topic: str, partition: Optional[int] = None, *,
                          dry_run: bool = False) -> List[PartitionRepair]:

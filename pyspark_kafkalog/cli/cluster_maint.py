@@ -87,8 +87,14 @@ def add_parsers(sub, parents) -> None:
         "cleanup", parents=parents, help="remove what dead or aborted writers left behind",
         description="Abort expired transactions, then delete aborted and orphaned segments, "
                     "segments below log start offsets, deleted topics' directories and old "
-                    "temporary files (docs/protocol.md, section 7). Safe to run at any time.",
-        epilog=OUTPUT_HELP + " Columns: kind (segment, dir or temp), path.")
+                    "temporary files (docs/protocol.md, section 7); clean the compacted topics' "
+                    "partitions that are due (section 4.2) and merge small segments (4.1). Safe "
+                    "to run at any time.",
+        epilog=OUTPUT_HELP + " Columns: kind (segment, dir, temp, kept-unknown, cleaned, merged, "
+               "covered, metadata), path.")
+    p.add_argument("--compact-now", action="store_true",
+                   help="clean every compacted partition that has dirty records, whether or not "
+                        "its min.cleanable.dirty.ratio or max.compaction.lag.ms says it is due")
     p.set_defaults(run=run_cleanup)
 
 
@@ -213,12 +219,13 @@ def run_log_dirs(args) -> int:
 def run_cleanup(args) -> int:
     admin = open_admin(args, "cleanup")
     try:
-        removed, offline = admin.cleanup(), None
+        removed, offline = admin.cleanup(compact_now=args.compact_now), None
     except OfflineLogDirError as exc:   # the other log dirs were cleaned: shown, then the error
         removed, offline = exc.done, exc
     # an unknown dir is one cleanup cannot prove is a deleted topic's: it is kept and shown
     kinds = {"segments": "segment", "dirs": "dir", "temp": "temp", "unknown_dirs": "kept-unknown",
-             "merged": "merged", "covered": "covered", "metadata": "metadata"}
+             "cleaned": "cleaned", "merged": "merged", "covered": "covered",
+             "metadata": "metadata"}
     rows = [{"kind": kinds.get(k, k), "path": path}
             for k, paths in removed.items() for path in paths]
     emit_rows(args, CLEANUP_COLUMNS, rows)

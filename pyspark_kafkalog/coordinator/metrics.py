@@ -51,6 +51,21 @@ class CoordinatorMetrics:
                            "(0 while it is a standby)", registry=r)
         self.active = Gauge(f"{PREFIX}_active", "1 while this process is the active "
                             "coordinator (Kafka's ActiveControllerCount)", registry=r)
+        # the log cleaner's, as of its last run: Kafka's kafka.log:type=LogCleaner metrics
+        self.cleaner = {
+            "max_dirty_percent": Gauge(
+                f"{PREFIX}_log_cleaner_max_dirty_percent", "Kafka's max-dirty-percent: the "
+                "largest dirty share of a compacted log, in percent", registry=r),
+            "recopy_percent": Gauge(
+                f"{PREFIX}_log_cleaner_recopy_percent", "Kafka's cleaner-recopy-percent: "
+                "bytes written over bytes read by the last clean, in percent", registry=r),
+            "max_clean_time_ms": Gauge(
+                f"{PREFIX}_log_cleaner_max_clean_time_secs", "Kafka's max-clean-time-secs: "
+                "the longest clean of one log in the last run", registry=r),
+            "max_compaction_delay_ms": Gauge(
+                f"{PREFIX}_log_cleaner_max_compaction_delay_secs", "Kafka's "
+                "max-compaction-delay-secs: how far past max.compaction.lag.ms a log was "
+                "cleaned", registry=r)}
         self.lease_acquisitions = Counter(f"{PREFIX}_lease_acquisitions",
                                           "Times this process took the lease (a new epoch)",
                                           registry=r)
@@ -120,6 +135,10 @@ class CoordinatorMetrics:
             runs = [kind for kind, n in runs.items() for _ in range(int(n))]
         for run in runs:
             kind = str(getattr(run, "kind", run))
+            if kind == "log_cleaner" and getattr(run, "changed", None):
+                for name, gauge in self.cleaner.items():
+                    value = run.changed.get(name, 0)
+                    gauge.set(value / 1000 if name.endswith("_ms") else value)
             self.maintenance_runs.labels(kind=kind).inc()
             if getattr(run, "ok", True) is False:
                 self.maintenance_failures.labels(kind=kind).inc()

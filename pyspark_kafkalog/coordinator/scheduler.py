@@ -31,11 +31,14 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from ..cluster.checkpoints import sync_checkpoints
 from ..cluster.config import read_properties_file
-from ..config_def import LONG, LONG_MAX, STRING, ConfigDef, between
+from ..config_def import (BOOLEAN, DOUBLE, INT, LONG, LONG_MAX, STRING, ConfigDef, at_least,
+                          between)
 from ..maintenance.flush import flush_logs
 from ..client.groups import consumed_offsets, validate_group_id
-from ..maintenance.retention import (FanOut, collect_garbage, delete_records, offline_error,
-                                   retention, serial)
+from ..maintenance.compaction import (DEFAULT_DEDUPE_BUFFER_SIZE, DEFAULT_LOAD_FACTOR,
+                                     CleanerSettings, Throttle)
+from ..maintenance.retention import (FanOut, collect_garbage, compact, delete_records,
+                                     offline_error, retention, serial)
 from ..errors import FencedCoordinatorError, InvalidConfigError, KafkaLogError, OfflineLogDirError
 from ..format.checkpoint import validate_topic_name
 
@@ -48,10 +51,13 @@ DELETE_AFTER_CONSUMPTION = "delete_after_consumption"
 CLEANUP = "cleanup"
 CHECKPOINTS = "checkpoints"
 FLUSH = "flush"
-KINDS = (RETENTION, DELETE_AFTER_CONSUMPTION, CLEANUP, CHECKPOINTS, FLUSH)
+LOG_CLEANER = "log_cleaner"
+KINDS = (RETENTION, DELETE_AFTER_CONSUMPTION, LOG_CLEANER, CLEANUP, CHECKPOINTS, FLUSH)
 #: kinds so frequent that a run which changed nothing is neither reported nor logged at INFO
-#: (the flush check runs every second, and does nothing where no topic sets ``flush.ms``)
-QUIET_WHEN_IDLE = frozenset({FLUSH})
+#: (the flush check runs every second, and does nothing where no topic sets ``flush.ms``; the
+#: log cleaner looks every ``log.cleaner.backoff.ms``, and cleans nothing where no topic is
+#: compacted)
+QUIET_WHEN_IDLE = frozenset({FLUSH, LOG_CLEANER})
 
 POLICY_KEY = "kafkalog.delete.after.consumption"
 
@@ -105,13 +111,31 @@ MAINTENANCE_SETTINGS = (
     .define("log.flush.scheduler.interval.ms", LONG, 1000,
             "how often topics' flush.ms is checked (not Kafka's default, Long.MAX_VALUE)",
             validator=between(1, LONG_MAX), attr="flush_check_interval_ms")
+    .define("log.cleaner.enable", BOOLEAN, True,
+            "run the log cleaner on compacted topics (cleanup.policy=compact)",
+            attr="cleaner_enable")
+    .define("log.cleaner.backoff.ms", LONG, 15_000,
+            "how long the log cleaner waits before it looks for dirty logs again",
+            validator=between(1, LONG_MAX), attr="cleaner_backoff_ms")
+    .define("log.cleaner.threads", INT, 1, "partitions cleaned at once",
+            validator=at_least(1), attr="cleaner_threads")
+    .define("log.cleaner.dedupe.buffer.size", LONG, DEFAULT_DEDUPE_BUFFER_SIZE,
+            "the memory of the cleaners' offset maps, shared by its threads",
+            validator=between(1 << 10, LONG_MAX), attr="cleaner_dedupe_buffer_size")
+    .define("log.cleaner.io.buffer.load.factor", DOUBLE, DEFAULT_LOAD_FACTOR,
+            "how full an offset map may get", validator=between(0.01, 1),
+            attr="cleaner_io_buffer_load_factor")
+    .define("log.cleaner.io.max.bytes.per.second", DOUBLE, 1.7976931348623157e308,
+            "the cleaners' read and write rate, all threads together",
+            validator=at_least(1), attr="cleaner_io_max_bytes_per_second")
     .define(POLICY_KEY, STRING, "",
             "delete records once these groups all consumed them: "
             "topic:group[,group...][;topic:group...]; empty: off",
             attr="delete_after_consumption", convert=parse_delete_after_consumption))
 #: property name -> (SchedulerConfig attribute, default) of each interval
 INTERVAL_KEYS: Dict[str, Tuple[str, int]] = {
-    k.name: (k.attr, k.default) for k in MAINTENANCE_SETTINGS.keys.values() if k.type == LONG}
+    k.name: (k.attr, k.default) for k in MAINTENANCE_SETTINGS.keys.values()
+    if k.type == LONG and k.name.endswith(".ms")}
 #: every key the scheduler takes (a service reading one file for several parts can split by it)
 KEYS = frozenset(MAINTENANCE_SETTINGS.names())
 _DEFAULTS = MAINTENANCE_SETTINGS.defaults(by_attr=True)
@@ -125,6 +149,12 @@ class SchedulerConfig:
     checkpoint_interval_ms: int = _DEFAULTS["checkpoint_interval_ms"]
     delete_after_consumption_interval_ms: int = _DEFAULTS["delete_after_consumption_interval_ms"]
     flush_check_interval_ms: int = _DEFAULTS["flush_check_interval_ms"]
+    cleaner_enable: bool = _DEFAULTS["cleaner_enable"]
+    cleaner_backoff_ms: int = _DEFAULTS["cleaner_backoff_ms"]
+    cleaner_threads: int = _DEFAULTS["cleaner_threads"]
+    cleaner_dedupe_buffer_size: int = _DEFAULTS["cleaner_dedupe_buffer_size"]
+    cleaner_io_buffer_load_factor: float = _DEFAULTS["cleaner_io_buffer_load_factor"]
+    cleaner_io_max_bytes_per_second: float = _DEFAULTS["cleaner_io_max_bytes_per_second"]
     #: topic -> the groups that must all have consumed a record before it is deleted; empty: off
     delete_after_consumption: Mapping[str, Tuple[str, ...]] = field(
         default_factory=lambda: MAINTENANCE_SETTINGS[POLICY_KEY].value)
@@ -139,15 +169,29 @@ class SchedulerConfig:
         """How often ``kind`` runs; None when it is off (no delete-after-consumption policy)."""
         if kind == DELETE_AFTER_CONSUMPTION and not self.delete_after_consumption:
             return None
+        if kind == LOG_CLEANER and not self.cleaner_enable:
+            return None
         return getattr(self, {RETENTION: "retention_check_interval_ms",
                               CLEANUP: "cleanup_interval_ms",
                               CHECKPOINTS: "checkpoint_interval_ms",
                               FLUSH: "flush_check_interval_ms",
+                              LOG_CLEANER: "cleaner_backoff_ms",
                               DELETE_AFTER_CONSUMPTION: "delete_after_consumption_interval_ms"}[kind])
 
 
 # every setting is a field and every field a setting
 assert {f.name for f in fields(SchedulerConfig)} == set(MAINTENANCE_SETTINGS.attrs())
+
+
+def threaded(threads: int) -> FanOut:
+    """A fan-out over ``threads`` threads of this process (``log.cleaner.threads``): the
+    partitions dealt round-robin, one group a thread."""
+    def fan_out(items, fn):
+        from concurrent.futures import ThreadPoolExecutor
+        groups = [list(items)[i::threads] for i in range(threads)]
+        with ThreadPoolExecutor(threads, thread_name_prefix="kafkalog-cleaner") as pool:
+            return [r for rs in pool.map(fn, [g for g in groups if g]) for r in rs]
+    return fan_out
 
 
 def load_scheduler_config(path: str) -> SchedulerConfig:
@@ -196,7 +240,10 @@ class MaintenanceScheduler:
                 self._next[kind] = start + ms / 1000.0
         self._jobs: Dict[str, Callable[[float], Tuple[Dict[str, int], Optional[str]]]] = {
             RETENTION: self._retention, DELETE_AFTER_CONSUMPTION: self._delete_after_consumption,
-            CLEANUP: self._cleanup, CHECKPOINTS: self._checkpoints, FLUSH: self._flush}
+            CLEANUP: self._cleanup, CHECKPOINTS: self._checkpoints, FLUSH: self._flush,
+            LOG_CLEANER: self._log_cleaner}
+        rate = config.cleaner_io_max_bytes_per_second
+        self._throttle = Throttle(rate) if rate < 1e300 else None
         self._flushed: Dict[str, int] = {}   # log dir -> when this process last flushed it
 
     def next_due(self) -> Dict[str, float]:
@@ -264,6 +311,32 @@ class MaintenanceScheduler:
         except OfflineLogDirError as exc:
             removed, problem = exc.done, f"{exc.error_name}: {exc}"
         return {k: len(v) for k, v in removed.items()}, problem
+
+    def _log_cleaner(self, now: float) -> Tuple[Dict[str, int], Optional[str]]:
+        # Kafka's LogCleaner: its threads share the dedupe buffer and the io rate; the counts
+        # are its metrics (max-dirty-percent, cleaner-recopy-percent, max-clean-time-secs,
+        # max-compaction-delay-secs), as coordinator/metrics.py exports them
+        threads = self.config.cleaner_threads
+        settings = CleanerSettings(self.config.cleaner_dedupe_buffer_size // threads,
+                                   self.config.cleaner_io_buffer_load_factor, self._throttle)
+        fan_out = threaded(threads) if threads > 1 else serial
+        offline: Dict[str, str] = {}
+        results = compact(self.cluster, offline=offline, fan_out=fan_out, settings=settings)
+        cleaned = [c for c in results if c.cleaned]
+        read = sum(c.bytes_read for c in cleaned)
+        changed = {
+            "partitions": len(cleaned), "segments": sum(len(c.cleaned) for c in cleaned),
+            "bytes_read": read, "bytes_written": sum(c.bytes_written for c in cleaned),
+            "max_dirty_percent": int(100 * max((c.dirty_ratio for c in results), default=0)),
+            "recopy_percent": (int(100 * sum(c.bytes_written for c in cleaned) / read)
+                               if read else 0),
+            "max_clean_time_ms": int(1000 * max((c.elapsed_s for c in cleaned), default=0)),
+            "max_compaction_delay_ms": max((c.compaction_delay_ms for c in results),
+                                           default=0)}
+        if not offline:
+            return changed, None
+        exc = offline_error("log cleaner", offline, [], None)
+        return changed, f"{exc.error_name}: {exc}"
 
     def _checkpoints(self, now: float) -> Tuple[Dict[str, int], Optional[str]]:
         # what cleanup ends with: every partition's files from the metadata state (protocol §8)

@@ -87,6 +87,25 @@ class PartitionClean:
         return self.bytes_written / self.bytes_read if self.bytes_read else 0.0
 
 
+class Throttle:
+    """Kafka's ``Throttler`` for ``log.cleaner.io.max.bytes.per.second``: every byte the
+    cleaners read or write, in all their threads, is counted, and a cleaner that is ahead of the
+    rate sleeps until it is not."""
+
+    def __init__(self, bytes_per_second: float, clock=time.monotonic, sleep=time.sleep):
+        import threading
+        self.rate, self.clock, self.sleep = bytes_per_second, clock, sleep
+        self._lock = threading.Lock()
+        self._start, self._bytes = clock(), 0
+
+    def __call__(self, nbytes: int) -> None:
+        with self._lock:
+            self._bytes += nbytes
+            ahead = self._bytes / self.rate - (self.clock() - self._start)
+        if ahead > 0:
+            self.sleep(ahead)
+
+
 class _Stored:
     """A source segment whose bytes are read when the cleaner needs them and not kept: the
     offset map and the groups see the log one segment at a time, so memory follows the
@@ -289,8 +308,7 @@ def clean_step(cluster, state: ClusterState, items: Sequence[Tuple[str, int]],
         with noting_offline(offline, leader):
             result = clean_partition(cluster, state, topic, p, force=force, delay_ms=delay_ms,
                                      settings=settings)
-            if result.cleaned or result.deleted or result.rebuilt or result.skipped:
-                out.append(result)
+            out.append(result)   # cleaned or not: its dirty ratio is the cleaner's metric
             if result.cleaned or result.cleaned_to is not None:
                 state = cluster.state(refresh=False)   # its rewrite seq moved
         if leader in offline:

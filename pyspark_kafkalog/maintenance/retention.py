@@ -24,6 +24,7 @@ from ..cluster.checkpoints import sync_checkpoints
 from ..cluster.garbage import SEGMENT_SUFFIXES, is_deleted_topic_dir, is_garbage_segment
 from ..cluster.isr import leader_of
 from ..cluster.log_dirs import noting_offline
+from .compaction import CleanerSettings, PartitionClean, clean_step
 from .segment_merges import PartitionMerges, merge_step
 from ..cluster.state import ClusterState, split_key, tp_key
 
@@ -471,9 +472,33 @@ def merge_segments(cluster, *, partitions: Optional[Sequence[TopicPartition]] = 
     return [m for m in results if m.offline is None]
 
 
+def compact(cluster, *, partitions: Optional[Sequence[TopicPartition]] = None,
+            force: bool = False, delay_ms: Optional[int] = None,
+            offline: Optional[Dict[str, str]] = None, fan_out: FanOut = serial,
+            settings: Optional[CleanerSettings] = None) -> List[PartitionClean]:
+    """A pass of the log cleaner (docs/protocol.md §4.2) over every compacted partition, or
+    those among ``partitions``, fanned out as ``fan_out`` does (a Spark task per group of
+    partitions in ``jobs/compact.py``, a thread per ``log.cleaner.threads`` in the
+    coordinator). A partition is cleaned when it is due (``min.cleanable.dirty.ratio``,
+    ``max.compaction.lag.ms``), or whenever it is dirty with ``force``. ``delay_ms``
+    overrides the topics' ``file.delete.delay.ms``; ``offline`` as for merges."""
+    cluster.check_writable()
+    state = cluster.state()
+    tps = list(partitions) if partitions is not None else cluster.partitions(state)
+    tps = [tp for tp in tps if tp[0] in state.topics and state.topic_config(tp[0]).compact]
+    offline = {} if offline is None else offline
+    results = fan_out(tps, PartitionWork(clean_step, cluster, state,
+                                         (force, delay_ms, sorted(offline), settings)))
+    for c in results:
+        if c.offline is not None:
+            offline.setdefault(*c.offline)
+    return [c for c in results if c.offline is None]
+
+
 def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0,
                     merge_lag_ms: Optional[int] = None,
-                    file_delete_delay_ms: Optional[int] = None) -> Dict[str, List[str]]:
+                    file_delete_delay_ms: Optional[int] = None,
+                    compact_now: bool = False) -> Dict[str, List[str]]:
     """Remove what dead, aborted or fenced writers left (docs/protocol.md, §7).
 
     Garbage is only what the metadata names as such: segments in an aborted range, segments below
@@ -481,7 +506,8 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0,
     log's own entries and snapshots below its newest verified snapshot once older than
     ``metadata.max.retention.ms``. It also runs a pass of segment merges (``segment_merges``):
     ``merge_lag_ms`` and ``file_delete_delay_ms`` override the topics' ``segment.merge.lag.ms``
-    and ``file.delete.delay.ms`` for it. Committed data is
+    and ``file.delete.delay.ms`` for it. Before the merges, the log cleaner cleans the
+    compacted partitions that are due (§4.2), all that are dirty with ``compact_now``. Committed data is
     never garbage, whatever the high watermark is: a segment committed above a high watermark that
     an older open reservation holds back is committed, only not visible yet. Nothing is deleted
     because the state merely lacks it (a snapshot, a listing or a replay can be behind).
@@ -497,7 +523,7 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0,
     cluster.abort_expired()
     state = cluster.state()
     removed: Dict[str, List[str]] = {"segments": [], "dirs": [], "temp": [], "unknown_dirs": [],
-                                     "merged": [], "covered": [], "metadata": []}
+                                     "cleaned": [], "merged": [], "covered": [], "metadata": []}
     listed: Dict[str, List[str]] = {}
     offline: Dict[str, str] = {}
     for logdir in cluster.logdirs:
@@ -513,7 +539,13 @@ def collect_garbage(cluster, *, temp_file_max_age_s: float = 3600.0,
         with noting_offline(offline, logdir):
             _clean_log_dir(cluster, state, after, logdir, listed[logdir], live_dirs, removed,
                            temp_file_max_age_s)
-    # runs of small segments merged, and the segments earlier merges cover deleted (§4.1)
+    # compacted partitions cleaned (§4.2), then runs of small segments merged, and the
+    # segments earlier rewrites cover deleted (§4.1)
+    for c in compact(cluster, force=compact_now, delay_ms=file_delete_delay_ms,
+                     offline=offline):
+        removed["cleaned"] += [f"{cluster.partition_dir(c.topic, c.partition, state=after)}/"
+                               f"{run[0]:020d}" for run in c.cleaned]
+        removed["covered"] += c.deleted
     for m in merge_segments(cluster, lag_ms=merge_lag_ms, delay_ms=file_delete_delay_ms,
                             offline=offline):
         removed["merged"] += [f"{cluster.partition_dir(m.topic, m.partition, state=after)}/"

@@ -27,7 +27,8 @@ from pyspark_kafkalog.coordinator import scheduler as sched, start
 from pyspark_kafkalog.coordinator.config import (CoordinatorConfig, coordinator_options,
                                                   load_coordinator_config)
 from pyspark_kafkalog.coordinator.rpc import CoordinatorClient
-from pyspark_kafkalog.coordinator.scheduler import (CHECKPOINTS, CLEANUP, FLUSH, RETENTION,
+from pyspark_kafkalog.coordinator.scheduler import (CHECKPOINTS, CLEANUP, FLUSH, LOG_CLEANER,
+                                                    RETENTION,
                                                     MaintenanceScheduler, SchedulerConfig)
 from pyspark_kafkalog.coordinator.service import Coordinator
 from pyspark_kafkalog.errors import FencedCoordinatorError, InvalidConfigError
@@ -92,7 +93,7 @@ def test_a_coordinator_deletes_an_expired_segment_by_itself_and_counts_the_run(u
         with CoordinatorClient(handle.address, TOKEN) as client:
             status = client.status()
         assert status["maintenance"] == {RETENTION: 200, CLEANUP: 300_000, CHECKPOINTS: 60_000,
-                                         FLUSH: 1000}
+                                         FLUSH: 1000, LOG_CLEANER: 15_000}
         assert status["metrics"]["maintenance_runs"][RETENTION] >= 1
         assert [r.offset for r in Admin(url).consume("t")] == [3, 4]
     finally:

@@ -10,7 +10,7 @@ import pytest
 
 from pyspark_kafkalog.admin import Admin, TopicPartition as TP
 from pyspark_kafkalog.coordinator import scheduler as sched
-from pyspark_kafkalog.coordinator.scheduler import (CHECKPOINTS, CLEANUP, FLUSH,
+from pyspark_kafkalog.coordinator.scheduler import (CHECKPOINTS, CLEANUP, FLUSH, LOG_CLEANER,
                                                     DELETE_AFTER_CONSUMPTION, RETENTION,
                                                     MaintenanceScheduler, SchedulerConfig,
                                                     load_scheduler_config)
@@ -53,7 +53,7 @@ def test_nothing_runs_before_its_interval_and_then_once_per_interval(admin):
         admin.produce("t", [Record(b"k", b"v" * 40, 10_000 * (i + 1))])   # long expired
     s = MaintenanceScheduler(admin.cluster, {}, clock=Clock())
     assert s.next_due() == {RETENTION: T0 + 300, CLEANUP: T0 + 300, CHECKPOINTS: T0 + 60,
-                            FLUSH: T0 + 1}
+                            FLUSH: T0 + 1, LOG_CLEANER: T0 + 15}
     assert s.tick(T0) == [] and s.tick(T0 + 59.999) == []
     assert _lso(admin, "t") == 0                       # expired, but retention is not due
     assert _kinds(s.tick(T0 + 60)) == [CHECKPOINTS]

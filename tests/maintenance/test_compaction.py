@@ -5,6 +5,7 @@ checkpoint moves; the group's covered files go after file.delete.delay.ms; and a
 that is not due is left alone."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -266,3 +267,35 @@ def test_a_spark_range_planned_before_a_clean_reads_on_in_the_cleaned_file(root)
     assert offsets == sorted(set(offsets))
     assert all((k, v) == items[o] for o, k, v in rows)
     assert {o for o, _, _ in _latest(list(items.values()), head_from=30)} <= set(offsets)
+
+
+def test_cleanup_compact_now_from_the_cli_cleans_and_says_so(root):
+    from support.cli_support import run_cli
+    admin = Admin(str(root))
+    items = [(b"k%d" % (i % 2), b"v%d" % i) for i in range(8)]
+    _produce(admin, items)
+    rc, out, err = run_cli("--cluster", root, "--json", "cleanup", "--compact-now")
+    assert rc == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert {"kind": "cleaned", "path": f"logdir-0/t-0/{0:020d}"} in rows
+    assert _records(admin) == _latest(items, head_from=7)
+
+
+def test_the_coordinators_log_cleaner_cleans_a_due_partition_and_sets_its_metrics(root):
+    from pyspark_kafkalog.coordinator.metrics import CoordinatorMetrics
+    from pyspark_kafkalog.coordinator.scheduler import LOG_CLEANER, MaintenanceScheduler
+    admin = Admin(str(root))
+    items = [(b"k%d" % (i % 2), b"v%d" % i) for i in range(10)]
+    _produce(admin, items)
+    clock = [1000.0]
+    s = MaintenanceScheduler(admin.cluster, {"log.cleaner.backoff.ms": "1000",
+                                             "log.cleaner.threads": "2"}, clock=lambda: clock[0])
+    runs = s.tick(1001.0)
+    assert [r.kind for r in runs] == [LOG_CLEANER] and runs[0].ok
+    assert runs[0].changed["partitions"] == 1 and runs[0].changed["max_dirty_percent"] == 100
+    assert 0 < runs[0].changed["recopy_percent"] < 100
+    assert _records(admin) == _latest(items, head_from=9)
+    metrics = CoordinatorMetrics()
+    metrics.count_runs(runs)
+    assert metrics.cleaner["max_dirty_percent"]._value.get() == 100
+    assert s.tick(1002.0) == []     # nothing dirty left: a quiet run, not reported

@@ -15,6 +15,7 @@ JOBS = Path(__file__).resolve().parents[2] / "jobs"
 sys.path.insert(0, str(JOBS))
 
 import delete_records as delete_job  # noqa: E402
+import compact as compact_job  # noqa: E402
 import merge_segments as merge_job  # noqa: E402
 import retention as retention_job  # noqa: E402
 
@@ -123,3 +124,25 @@ def test_merge_segments_job_fans_out_with_spark(spark, tmp_path):
         == before
     assert merge_job.run(url, topics=["a"], lag_ms=0, delay_ms=0, spark=spark,
                          min_partitions_for_spark=1) == []
+
+
+def test_compact_job_cleans_the_compacted_partitions_with_spark(spark, tmp_path):
+    url = str(tmp_path / "c")
+    admin = Admin(url)
+    admin.create_topic("a", 3, configs={"cleanup.policy": "compact"})
+    admin.create_topic("b", 3)
+    for t in ("a", "b"):
+        for i in range(12):
+            admin.produce(t, [Record(b"k%d" % (i % 2), b"v%d" % i, 1000 + i)], partition=i % 3)
+    before_b = [(r.partition, r.offset, r.value) for r in admin.consume("b")]
+    done = compact_job.run(url, now=True, delay_ms=0, spark=spark, min_partitions_for_spark=1)
+    assert sorted((d["topic"], d["partition"]) for d in done if d["cleaned"]) == \
+        [("a", 0), ("a", 1), ("a", 2)]
+    for p in range(3):
+        # offsets 0-3 per partition, keys alternating by the write's number: the latest of
+        # each key below the head (offset 3), and the head
+        got = [(r.offset, r.key) for r in admin.consume("a", p)]
+        assert got == [(o, b"k%d" % ((p + 3 * o) % 2)) for o in (1, 2, 3)]
+    assert [(r.partition, r.offset, r.value) for r in admin.consume("b")] == before_b
+    assert all(not d["cleaned"] for d in compact_job.run(url, now=True, delay_ms=0, spark=spark,
+                                                         min_partitions_for_spark=1))
