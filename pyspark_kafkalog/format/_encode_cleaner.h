@@ -165,7 +165,10 @@ done:
 
 /* -- the offset map's table ------------------------------------------------------------------ */
 
-/* The slot of digest (h0, h1): its own, or the first empty one on its probe sequence; -1 when
+/* A slot is (digest high, digest low, offset + 1); 0 in the third word is an empty slot, so a
+ * zeroed table (calloc: pages the kernel zeroes when first touched) is an empty map.
+ *
+ * The slot of digest (h0, h1): its own, or the first empty one on its probe sequence; -1 when
  * the sequence visited every slot without either (a table with no empty slot left). */
 static inline int64_t
 om_find(const int64_t *table, uint64_t slots, uint64_t h0, uint64_t h1)
@@ -173,7 +176,7 @@ om_find(const int64_t *table, uint64_t slots, uint64_t h0, uint64_t h1)
     uint64_t pos = h0 % slots, step = 1 + h1 % (slots - 1);
     for (uint64_t i = 0; i < slots; i++) {
         const int64_t *s = table + 3 * pos;
-        if (s[2] == -1 || ((uint64_t)s[0] == h0 && (uint64_t)s[1] == h1))
+        if (s[2] == 0 || ((uint64_t)s[0] == h0 && (uint64_t)s[1] == h1))
             return (int64_t)pos;
         pos += step;
         if (pos >= slots)
@@ -181,6 +184,15 @@ om_find(const int64_t *table, uint64_t slots, uint64_t h0, uint64_t h1)
     }
     return -1;
 }
+
+/* Digests looked up this many ahead have their first slot prefetched: a table far larger than
+ * the caches makes every lookup a memory round trip, and these overlap. */
+#define OM_PREFETCH 8
+#if defined(__GNUC__) || defined(__clang__)
+#define OM_PREFETCH_SLOT(t, slots, h0) __builtin_prefetch((t) + 3 * ((h0) % (slots)), 1, 0)
+#else
+#define OM_PREFETCH_SLOT(t, slots, h0) ((void)0)
+#endif
 
 static int
 om_args(PyObject *table_obj, PyObject *dig_obj, Py_buffer *table, Py_buffer *dig,
@@ -240,20 +252,22 @@ offset_map_put(PyObject *Py_UNUSED(self), PyObject *args)
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS
     for (i = 0; i < n; i++) {
+        if (i + OM_PREFETCH < n)
+            OM_PREFETCH_SLOT(t, slots, d[2 * (i + OM_PREFETCH)]);
         int64_t pos = om_find(t, slots, d[2 * i], d[2 * i + 1]);
         if (pos < 0 || o[i] < 0) {
             bad = 1;
             break;
         }
         int64_t *s = t + 3 * pos;
-        if (s[2] == -1) {
+        if (s[2] == 0) {
             if (entries >= max_entries)
                 break;
             s[0] = (int64_t)d[2 * i];
             s[1] = (int64_t)d[2 * i + 1];
             entries++;
         }
-        s[2] = o[i];
+        s[2] = o[i] + 1;
     }
     Py_END_ALLOW_THREADS
     if (bad) {
@@ -298,8 +312,10 @@ offset_map_get(PyObject *Py_UNUSED(self), PyObject *args)
     int64_t *o = (int64_t *)out.buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + OM_PREFETCH < n)
+            OM_PREFETCH_SLOT(t, slots, d[2 * (i + OM_PREFETCH)]);
         int64_t pos = om_find(t, slots, d[2 * i], d[2 * i + 1]);
-        o[i] = pos < 0 ? -1 : t[3 * pos + 2];
+        o[i] = pos < 0 ? -1 : t[3 * pos + 2] - 1;
     }
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);

@@ -37,7 +37,9 @@ DEFAULT_LOAD_FACTOR = 0.9
 #: Bytes of one slot: the 16-byte digest and the 8-byte offset (Kafka's ``bytesPerEntry``).
 BYTES_PER_ENTRY = 24
 
-_EMPTY = -1
+#: a slot is (digest high, digest low, offset + 1): 0 in the last word is an empty slot, so a
+#: zeroed table is an empty map (allocated with calloc: no pass over it to mark it empty)
+_EMPTY = 0
 _M64 = (1 << 64) - 1
 _C1, _C2 = 0x87C37B91114253D5, 0x4CF5AD432745937F
 
@@ -153,7 +155,7 @@ class OffsetMap:
     the last offset the map covers (puts and :meth:`update_latest_offset` raise it).
     """
 
-    __slots__ = ("slots", "max_entries", "size", "latest_offset", "_table")
+    __slots__ = ("slots", "max_entries", "size", "latest_offset", "_table", "_touched")
 
     def __init__(self, memory: int = DEFAULT_DEDUPE_BUFFER_SIZE,
                  load_factor: float = DEFAULT_LOAD_FACTOR):
@@ -161,8 +163,11 @@ class OffsetMap:
             raise ValueError(f"load factor {load_factor} is not in (0, 1]")
         self.slots = _largest_prime_at_most(memory // BYTES_PER_ENTRY)
         self.max_entries = max(1, min(int(self.slots * load_factor), self.slots - 1))
-        self._table = np.empty((self.slots, 3), dtype=np.int64)
-        self.clear()
+        # zeroed pages from the kernel, faulted in as the map fills: an empty table costs no pass
+        self._table = np.zeros((self.slots, 3), dtype=np.int64)
+        self._touched = False
+        self.size = 0
+        self.latest_offset = -1
 
     @property
     def nbytes(self) -> int:
@@ -175,7 +180,9 @@ class OffsetMap:
 
     def clear(self) -> None:
         """Empty the map for the next pass (Kafka's ``clear``)."""
-        self._table[:, 2] = _EMPTY
+        if self._touched:      # a map nothing was put into since it was made or cleared is empty
+            self._table[:, 2] = _EMPTY
+            self._touched = False
         self.size = 0
         self.latest_offset = -1
 
@@ -194,6 +201,7 @@ class OffsetMap:
             raise ValueError("put_many: as many offsets as digests")
         if not len(offsets):
             return 0
+        self._touched = True
         if _map_put is not None:
             done, self.size = _map_put(self._table, digests, offsets, self.size,
                                        self.max_entries)
@@ -213,7 +221,7 @@ class OffsetMap:
             _map_get(self._table, digests, out)
             return out
         slot, _ = self._find_numpy(digests)
-        out[:] = self._table[slot, 2]
+        out[:] = self._table[slot, 2] - 1
         return out
 
     # -- the numpy twins (same results as the C loops; the table's layout may differ) --------
@@ -282,7 +290,7 @@ class OffsetMap:
             p = pos[pending].astype(np.int64)
             empty = table[p, 2] == _EMPTY
             match = ~empty & (tbl_u[p, 0] == d[pending, 0]) & (tbl_u[p, 1] == d[pending, 1])
-            table[p[match], 2] = o[pending[match]]
+            table[p[match], 2] = o[pending[match]] + 1
             # claim empty slots; of several keys after one slot, the first claims it
             cand = np.flatnonzero(empty)
             _, first_of = np.unique(p[cand], return_index=True)
@@ -290,7 +298,7 @@ class OffsetMap:
             wp, wi = p[win], pending[win]
             tbl_u[wp, 0] = d[wi, 0]
             tbl_u[wp, 1] = d[wi, 1]
-            table[wp, 2] = o[wi]
+            table[wp, 2] = o[wi] + 1
             self.size += len(win)
             settled = match.copy()
             settled[win] = True
