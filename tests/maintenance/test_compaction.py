@@ -299,3 +299,45 @@ def test_the_coordinators_log_cleaner_cleans_a_due_partition_and_sets_its_metric
     metrics.count_runs(runs)
     assert metrics.cleaner["max_dirty_percent"]._value.get() == 100
     assert s.tick(1002.0) == []     # nothing dirty left: a quiet run, not reported
+
+
+def test_a_clean_leaves_every_isr_member_byte_identical(tmp_path):
+    from support.replication_support import digests, rep_state, setup
+    admin, rep, clock = setup(tmp_path, partitions=1,
+                              configs={"cleanup.policy": "compact", "file.delete.delay.ms": "0"})
+    items = [(b"k%d" % (i % 4), b"v%d" % i) for i in range(16)]
+    for i, (k, v) in enumerate(items):
+        admin.produce("t", [Record(k, v, T0 + i)], partition=0, acks="1")
+    rep.tick()
+    rep.tick()
+    assert rep_state(admin)["isr"] == ["logdir-0", "logdir-1"]
+    out = clean_partition(admin.cluster, admin.cluster.state(), "t", 0, force=True, delay_ms=0)
+    assert out.cleaned
+    leader_dir, follower_dir = tmp_path / "root" / "logdir-0" / "t-0", tmp_path / "second" / "t-0"
+    assert digests(leader_dir) == digests(follower_dir)
+    assert len(list(leader_dir.glob("*.log"))) == 2
+    assert _records(admin) == _latest(items, head_from=15)
+    rep.tick()
+    assert rep_state(admin)["isr"] == ["logdir-0", "logdir-1"]   # and it stays in sync
+
+
+def test_groups_offsets_and_timestamps_step_over_compaction_gaps(root):
+    """A group whose committed offset a clean removed goes on from the next record; offsets
+    for a timestamp find the first record left at or after it; earliest and latest do not
+    move (Kafka's semantics over a compacted log)."""
+    from pyspark_kafkalog.admin import TopicPartition as TP
+    admin = Admin(str(root))
+    items = [(b"k%d" % (i % 3), b"v%d" % i) for i in range(12)]
+    _produce(admin, items)
+    admin.commit_group_offsets("g", {TP("t", 0): 4})
+    clean_partition(admin.cluster, admin.cluster.state(), "t", 0, force=True, delay_ms=0)
+    kept = [o for o, _, _ in _latest(items, head_from=11)]
+    assert 4 not in kept                                   # the committed offset was removed
+    got = [r.offset for r in admin.consume("t", group="g")]
+    assert got == [o for o in kept if o >= 4]
+    assert admin.describe_group("g")[0].lag == 0
+    tp = TP("t", 0)
+    offsets = admin.list_offsets({tp: "earliest"})[tp].offset, \
+        admin.list_offsets({tp: "latest"})[tp].offset
+    assert offsets == (0, 12)
+    assert admin.list_offsets({tp: T0 + 1})[tp].offset == min(o for o in kept if o >= 1)
