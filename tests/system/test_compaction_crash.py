@@ -15,6 +15,8 @@ deleted). Meanwhile this process reads the partition again and again, and after 
    rebuild, the high watermark holds every acknowledged write, everything at or above the
    cleaner checkpoint is still there, and the same checks as in 1.
 
+At the end, Kafka's own classes (where they can be built) read the partition as ours do.
+
 ``KAFKALOG_COMPACTION_KILLS`` (default 10) kills, ``KAFKALOG_COMPACTION_SEED`` the seed (printed
 on failure).
 """
@@ -116,6 +118,20 @@ def _check_files(url, root: Path, model: Model, why: str):
     return checkpoint
 
 
+def _kafka_reads_the_same(root: Path, ours):
+    """Where Kafka's classes can be built (tests/support/kafka_java_support.py): they read the
+    partition after the last repair with no error or problem, and the records ours read."""
+    import support.kafka_java_support as kj
+    try:
+        check = kj.KafkaCheck(*kj.build())
+    except kj.Unavailable as exc:
+        print(f"Kafka's classes are unavailable, their read is left out: {exc}")
+        return
+    found = check(root / "logdir-0", f"{TOPIC}-0")
+    assert found.errors() == [] and found.problems() == [], (found.errors(), found.problems())
+    assert [(r["offset"], r["key"], r["value"]) for r in found.records()] == ours
+
+
 def _run_one(tmp: Path, url: str, model: Model, rng: random.Random, n: int, crash_at: str):
     """One cleaner child until it dies, reading and writing meanwhile; (passes it printed,
     whether it reached its crash point, reads made while it cleaned)."""
@@ -180,7 +196,9 @@ def test_kill_9_at_random_points_of_cleaning_loses_no_latest_value(tmp_path):
             checkpoints.append(_check_files(url, root, model, why + " and a repair"))
         assert deaths >= kills - kills // 3 - 1, "the cleaners hardly reached their points"
         assert passes > 0 and reads > kills and checkpoints[-1] > 0, (passes, reads, checkpoints)
-        assert len(_read_and_check(url, model, "at the end")) < len(model.at)  # it did clean
+        final = _read_and_check(url, model, "at the end")
+        assert len(final) < len(model.at)   # it did clean
+        _kafka_reads_the_same(root, final)
     except BaseException:
         print(f"KAFKALOG_COMPACTION_SEED={seed} KAFKALOG_COMPACTION_KILLS={kills}")
         raise
