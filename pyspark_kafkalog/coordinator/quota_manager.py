@@ -33,9 +33,9 @@ counted as one lump at the end of their wait (this package until now), a steady 
 just-delivered bytes sat beside its next request's and it ran under its quota (0.87 × of 2 MB/s
 with 1 MiB fetches and 2 windows of 1 s, 0.75 × of 1 MiB/s); spread over the wait instead, a
 job that had spent its burst got it again as soon as the burst left the window (two jobs of
-one client id: 1.13 ×, tests/test_quota_spark.py). The bucket gives a steady client its quota,
+one client id: 1.13 ×, tests/spark/test_quota_spark.py). The bucket gives a steady client its quota,
 queues concurrent requests one after another at the quota, and never grants the burst twice
-without the idle time that earns it (simulated: 1.00 ×, 1.00 ×; tests/test_quota_abuse.py).
+without the idle time that earns it (simulated: 1.00 ×, 1.00 ×; tests/coordinator/test_quota_abuse.py).
 Its one limit is the bound: requests in flight that together hold more than quota × the bound
 (a 3 MB write against 1 B/s; 16 tasks × 1 MiB at 4 MB/s against 2 s) get more than the quota.
 """

@@ -1,6 +1,6 @@
 /*
  * Where the fields of a log entry's header are: the mirror, for C, of the layout constants of
- * pyspark_kafkalog/format/batch.py (their one home; tests/test_entry_scan.py checks that every
+ * pyspark_kafkalog/format/batch.py (their one home; tests/format/test_entry_scan.py checks that every
  * #define here has the same value there). Positions are from the start of an entry, except the
  * LEGACY_* ones, which are from the start of a magic 0/1 message (LOG_OVERHEAD bytes into its
  * entry), as in Kafka's LegacyRecord. Names are Kafka's (Records, DefaultRecordBatch).

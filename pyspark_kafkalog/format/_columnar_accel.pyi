@@ -1,6 +1,6 @@
 """Types of the C extension ``_columnar_accel`` (``_columnar_accel.c``, ``_columnar_arrow.c``):
 the C twin of the magic 2 record loop and the Spark reader's route into Arrow buffers. Loaded
-only by ``format/accel.py``; ``tests/test_accel_switch.py`` checks that these are exactly the
+only by ``format/accel.py``; ``tests/format/test_accel_switch.py`` checks that these are exactly the
 names the built extension exports."""
 from typing import Callable, Optional, Tuple
 

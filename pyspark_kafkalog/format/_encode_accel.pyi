@@ -1,6 +1,6 @@
 """Types of the C extension ``_encode_accel`` (``_encode_accel.c`` and its headers): the C twin
 of the magic 2 records builder, the sink's accumulator and Kafka's murmur2 partitioner over a
-column. Loaded only by ``format/accel.py``; ``tests/test_accel_switch.py`` checks that these
+column. Loaded only by ``format/accel.py``; ``tests/format/test_accel_switch.py`` checks that these
 are exactly the names the built extension exports."""
 from typing import Callable, List, Optional, Tuple
 

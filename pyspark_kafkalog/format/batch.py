@@ -269,7 +269,7 @@ def scan_entries(buf, start: int = 0, end: Optional[int] = None, *, validate_crc
     ``strict`` (``end`` is the end of a complete file), where it is damage.
     """
     # EntryScan.entry_size and .header, inlined: this loop runs once per batch of every chunk
-    # the Spark reader reads (tests/test_entry_scan.py holds the two to the same results)
+    # the Spark reader reads (tests/format/test_entry_scan.py holds the two to the same results)
     end = len(buf) if end is None else end
     previous = previous_last_offset
     pos = start

@@ -5,7 +5,9 @@ that lets the cleaner replace their files. The cleaning of bytes is ``log/cleane
 One pass over a partition:
 
 1. **Finish** what earlier merges and cleans left (covered segments past
-   ``file.delete.delay.ms``, dead rewriters' markers): ``segment_merges.finish_dir``.
+   ``file.delete.delay.ms``, dead rewriters' markers): ``segment_merges.finish_dir``. While
+   covered segments still wait, the partition is not cleaned again (unless asked to): a clean
+   would publish their covering file anew and restart their wait.
 2. **Plan** on the leader: the cleanable segments (at or above the log start offset, below the
    head, old enough for ``min.compaction.lag.ms``, in one gapless stretch of committed data),
    the dirty section from the partition's cleaner checkpoint, and whether it is due (dirty
@@ -198,6 +200,13 @@ def clean_partition(cluster, state: ClusterState, topic: str, p: int, *,
             except KafkaLogError as exc:
                 _log.info("log cleaner: %s-%d on %s: %s", topic, p, r, exc)
     out.deleted, out.rebuilt = merges.deleted, merges.rebuilt
+    if covered and not force:
+        # an earlier rewrite's covered segments wait for file.delete.delay.ms after the file
+        # that covers them was published; a clean now would publish that file again, and
+        # restart their wait: with cleans more frequent than the delay they would never go
+        out.skipped = (f"{len(covered)} covered segment(s) wait for file.delete.delay.ms "
+                       "before the next clean")
+        return out
     logs, _ = listing(storage, leader_dir)
     bases, uncleanable = _cleanable(cluster, ps, config, leader_dir, logs, covered, now_ms)
     if not bases:

@@ -52,7 +52,11 @@ def _counted(server, name: str) -> list:
 # -- the generated module ---------------------------------------------------------------------------
 
 def test_the_committed_generated_module_is_current(tmp_path):
-    pytest.importorskip("grpc_tools")
+    try:
+        import grpc_tools  # noqa: F401 - the test extra installs it
+    except ImportError:
+        from support.ci import skip_or_fail
+        skip_or_fail("grpcio-tools is not installed: cannot regenerate the RPC module")
     sys.path.insert(0, str(REPO / "tools"))
     try:
         import gen_rpc_proto

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -341,3 +342,20 @@ def test_groups_offsets_and_timestamps_step_over_compaction_gaps(root):
         admin.list_offsets({tp: "latest"})[tp].offset
     assert offsets == (0, 12)
     assert admin.list_offsets({tp: T0 + 1})[tp].offset == min(o for o in kept if o >= 1)
+
+
+def test_a_partition_is_not_cleaned_again_while_covered_segments_wait(root):
+    """Each clean publishes the group's first file again: while the segments it covers wait
+    for file.delete.delay.ms, a new clean would restart their wait, so none happens; once
+    they are gone, cleaning goes on."""
+    admin = Admin(str(root))
+    admin.alter_configs("t", {"file.delete.delay.ms": "600000",
+                              "min.cleanable.dirty.ratio": "0.01"})
+    _produce(admin, [(b"k%d" % (i % 3), b"v%d" % i) for i in range(10)])
+    assert clean_partition(admin.cluster, admin.cluster.state(), "t", 0).cleaned
+    _produce(admin, [(b"k%d" % (i % 3), b"w%d" % i) for i in range(10)])
+    waiting = clean_partition(admin.cluster, admin.cluster.state(), "t", 0)
+    assert not waiting.cleaned and "wait for file.delete.delay.ms" in waiting.skipped
+    later = time.time() + 700      # the storage's clock, past the delay
+    done = clean_partition(admin.cluster, admin.cluster.state(), "t", 0, now_s=later)
+    assert len(done.deleted) == 8 and done.cleaned
