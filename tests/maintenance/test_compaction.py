@@ -191,6 +191,7 @@ def test_a_consumer_that_listed_the_old_files_goes_on_after_a_clean(root):
     assert _records(admin) == _latest(items, head_from=29)
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_spark_read_after_a_clean_gives_the_latest_per_key_and_no_data_loss(ks, root):

@@ -15,7 +15,8 @@ from pyspark_kafkalog.admin import Admin
 from pyspark_kafkalog.coordinator.embedded import start as start_coordinator
 from pyspark_kafkalog.format.records import Record
 
-pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [pytest.mark.slow, pytest.mark.spark,
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 UPSERTS = "id INT, key STRING, value STRING"
 CLEANER = {"log.cleaner.backoff.ms": "100", "coordinator.replication.enable": "false"}
