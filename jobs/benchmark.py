@@ -802,6 +802,23 @@ def run_soak(args):
     return result, 0 if ok else 1
 
 
+# -- compact (jobs/bench_compaction.py) ------------------------------------------------------------
+
+def _compact_arguments(p):
+    import bench_compaction
+    bench_compaction.add_arguments(p)
+
+
+@section("compact", "log compaction: MB/s of log cleaned by clean_partition (map, clean, "
+                    "publish) against reading the same partition with consume, in one run",
+         _compact_arguments)
+def run_compact(args):
+    import bench_compaction
+    result = bench_compaction.run(args)
+    print(bench_compaction.render(result))
+    return result, 0 if result["correct"] else 1
+
+
 # -- entry point ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
