@@ -204,28 +204,21 @@ class PartitionLog:
             return b"", -1
         i = self.segment_for(offset)
         i = 0 if i is None else i
-        gone, replaced = set(), set()
+        looked_again = set()   # (why, base): once per file and reason, then the error stands
         while i < len(self.segments):
             seg = self.segments[i]
             try:
                 data, _ = seg.read_from(offset, max_bytes)
-            except CorruptRecordError:
-                # a log clean replaced the file since it was listed (docs/protocol.md §4.2):
-                # the offsets from here on are in the new one; look again, once per file
-                if seg.base_offset in replaced or not seg.replaced():
+            except (CorruptRecordError, StorageNotFoundError) as exc:
+                # deleted since the listing (a merge's or clean's covered segment, whose data
+                # the covering one holds, docs/protocol.md §4.1, or retention), or replaced by a
+                # log clean (§4.2: the offsets from here on are in the new file): look again;
+                # what the metadata promises and no file holds is reported below
+                why = type(exc)
+                if (why, seg.base_offset) in looked_again or (
+                        why is CorruptRecordError and not seg.replaced()):
                     raise
-                replaced.add(seg.base_offset)
-                self.refresh()
-                i = self.segment_for(offset)
-                i = 0 if i is None else i
-                continue
-            except StorageNotFoundError:
-                # deleted since the listing: a segment merge's covered segment, whose data the
-                # merged one holds (docs/protocol.md §4.1), or retention: look again, once per
-                # file; what the metadata promises and no file holds is reported below
-                if seg.base_offset in gone:
-                    raise
-                gone.add(seg.base_offset)
+                looked_again.add((why, seg.base_offset))
                 self.refresh()
                 i = self.segment_for(offset)
                 i = 0 if i is None else i
