@@ -360,3 +360,19 @@ def test_a_partition_is_not_cleaned_again_while_covered_segments_wait(root):
     later = time.time() + 700      # the storage's clock, past the delay
     done = clean_partition(admin.cluster, admin.cluster.state(), "t", 0, now_s=later)
     assert len(done.deleted) == 8 and done.cleaned
+
+
+def test_max_compaction_lag_makes_a_partition_due_whatever_its_dirty_ratio(root):
+    admin = Admin(str(root))
+    admin.alter_configs("t", {"min.cleanable.dirty.ratio": "1.0"})
+    items = [(b"k%d" % (i % 2), b"v%d" % i) for i in range(6)]
+    _produce(admin, items)            # record timestamps T0 + i: long ago
+    clean_partition(admin.cluster, admin.cluster.state(), "t", 0, force=True, delay_ms=0)
+    more = [(b"k%d" % (i % 2), b"w%d" % i) for i in range(4)]
+    _produce(admin, more)
+    assert not clean_partition(admin.cluster, admin.cluster.state(), "t", 0,
+                               delay_ms=0).cleaned                  # dirty ratio < 1.0
+    admin.alter_configs("t", {"max.compaction.lag.ms": "1000"})
+    out = clean_partition(admin.cluster, admin.cluster.state(), "t", 0, delay_ms=0)
+    assert out.cleaned and out.compaction_delay_ms > 0
+    assert _records(admin) == _latest(items + more, head_from=9)
