@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..cluster import actions as A
 from ..cluster.features import LOG_COMPACTION
@@ -37,8 +37,8 @@ from ..log import segment_merge as SM
 from ..log.config import LogConfig
 from ..log.offset_map import OffsetMap
 from ..log.segment import LOG_SUFFIX, LogSegment, segment_name
-from .segment_merges import (PartitionMerges, finish_dir, followers_in_lockstep, listing,
-                             submit_and_publish)
+from .segment_merges import (PartitionMerges, each_partition, finish_dir,
+                             followers_in_lockstep, listing, submit_and_publish)
 
 _log = logging.getLogger(__name__)
 
@@ -299,27 +299,14 @@ def clean_step(cluster, state: ClusterState, items: Sequence[Tuple[str, int]],
                ) -> List[PartitionClean]:
     """A pass over the compacted partitions among ``items`` (a fan-out's group: this process or
     a Spark task), against ``state``; ``arg``: (force, delay_ms, log dirs known to be offline,
-    settings). A partition whose leader's log dir cannot be reached is reported with
-    ``offline`` set (KIP-112: the others go on)."""
-    from ..cluster.log_dirs import noting_offline
+    settings). Every compacted partition is reported, cleaned or not: its dirty ratio is the
+    cleaner's metric."""
     force, delay_ms, known_offline, settings = arg
-    offline: Dict[str, str] = {d: "" for d in known_offline}
-    out = []
-    for topic, p in items:
-        ps = state.partition(topic, p)
-        if ps is None or topic not in state.topics or not state.topic_config(topic).compact:
-            continue
-        leader = leader_of(ps, state.topics[topic]["replicas"][p])
-        if leader in offline:
-            if offline[leader]:
-                out.append(PartitionClean(topic, p, offline=(leader, offline[leader])))
-            continue
-        with noting_offline(offline, leader):
-            result = clean_partition(cluster, state, topic, p, force=force, delay_ms=delay_ms,
-                                     settings=settings)
-            out.append(result)   # cleaned or not: its dirty ratio is the cleaner's metric
-            if result.cleaned or result.cleaned_to is not None:
-                state = cluster.state(refresh=False)   # its rewrite seq moved
-        if leader in offline:
-            out.append(PartitionClean(topic, p, offline=(leader, offline[leader])))
-    return out
+
+    def run(state, topic, p, leader):
+        if topic not in state.topics or not state.topic_config(topic).compact:
+            return None, False
+        result = clean_partition(cluster, state, topic, p, force=force, delay_ms=delay_ms,
+                                 settings=settings)
+        return result, bool(result.cleaned or result.cleaned_to is not None)
+    return each_partition(cluster, state, items, known_offline, run, PartitionClean)

@@ -294,13 +294,31 @@ def submit_and_publish(cluster, state: ClusterState, topic: str, p: int, action,
 def merge_step(cluster, state: ClusterState, items: Sequence[Tuple[str, int]],
                arg: Tuple[Optional[int], Optional[int], Sequence[str]]) -> List[PartitionMerges]:
     """A pass over the partitions ``items`` (a fan-out's group: this process or a Spark task),
-    against ``state``; ``arg``: (lag_ms, delay_ms, log dirs known to be offline). A partition
-    whose leader's log dir cannot be reached is skipped and reported with ``offline`` set
-    (KIP-112: the others go on)."""
-    from ..cluster.log_dirs import noting_offline
+    against ``state``; ``arg``: (lag_ms, delay_ms, log dirs known to be offline)."""
     lag_ms, delay_ms, known_offline = arg
-    offline: Dict[str, str] = {d: "" for d in known_offline}
     clocks: Dict[str, float] = {}
+
+    def run(state, topic, p, leader):
+        if leader not in clocks:   # one probe of the storage's clock per log dir
+            clocks[leader] = cluster.storage.clock(leader)
+        result = merge_partition(cluster, state, topic, p, now_s=clocks[leader],
+                                 lag_ms=lag_ms, delay_ms=delay_ms)
+        reported = result.merged or result.deleted or result.rebuilt or result.skipped
+        return (result if reported else None), bool(result.merged)
+    return each_partition(cluster, state, items, known_offline, run, PartitionMerges)
+
+
+def each_partition(cluster, state: ClusterState, items: Sequence[Tuple[str, int]],
+                   known_offline: Sequence[str], run, make) -> list:
+    """The loop of a rewrite pass, a merge's or a clean's: ``run(state, topic, p, leader)``
+    per partition gives (what to report or None, whether the partition's rewrite seq moved:
+    the state is read again then). A partition whose leader's log dir cannot be reached is
+    skipped and reported as ``make(topic, p, offline=(log dir, why))`` (KIP-112: the others go
+    on); a damaged or vanished file as ``make(topic, p, skipped=why)``: damage is repair's to
+    report and mend, and a file deleted under the pass (retention, delete-records) is the next
+    pass's to look at again."""
+    from ..cluster.log_dirs import noting_offline
+    offline: Dict[str, str] = {d: "" for d in known_offline}
     out = []
     for topic, p in items:
         ps = state.partition(topic, p)
@@ -309,22 +327,17 @@ def merge_step(cluster, state: ClusterState, items: Sequence[Tuple[str, int]],
         leader = leader_of(ps, state.topics[topic]["replicas"][p])
         if leader in offline:
             if offline[leader]:
-                out.append(PartitionMerges(topic, p, offline=(leader, offline[leader])))
+                out.append(make(topic, p, offline=(leader, offline[leader])))
             continue
         with noting_offline(offline, leader):
-            if leader not in clocks:   # one probe of the storage's clock per log dir
-                clocks[leader] = cluster.storage.clock(leader)
             try:
-                result = merge_partition(cluster, state, topic, p, now_s=clocks[leader],
-                                         lag_ms=lag_ms, delay_ms=delay_ms)
+                result, moved = run(state, topic, p, leader)
             except (CorruptRecordError, StorageNotFoundError) as exc:
-                # damage is repair's to report and mend; a file deleted under the pass
-                # (retention, delete-records) is the next pass's to look at again
-                result = PartitionMerges(topic, p, skipped=str(exc))
-            if result.merged or result.deleted or result.rebuilt or result.skipped:
+                result, moved = make(topic, p, skipped=str(exc)), False
+            if result is not None:
                 out.append(result)
-            if result.merged:
-                state = cluster.state(refresh=False)   # its merge seq moved
+            if moved:
+                state = cluster.state(refresh=False)
         if leader in offline:
-            out.append(PartitionMerges(topic, p, offline=(leader, offline[leader])))
+            out.append(make(topic, p, offline=(leader, offline[leader])))
     return out
