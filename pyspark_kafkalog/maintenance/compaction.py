@@ -155,12 +155,21 @@ def _cleanable(cluster, ps, config: LogConfig, d: str, logs, covered: set, now_m
     return out, head
 
 
-def _groups(bases: Sequence[int], logs, segment_bytes: int) -> List[List[int]]:
-    """Kafka's ``groupSegmentsBySize`` by the listed ``.log`` sizes."""
+#: a segment's offsets relative to its base are int32 in its indexes
+_MAX_RELATIVE_OFFSET = (1 << 31) - 1
+
+
+def _groups(bases: Sequence[int], logs, segment_bytes: int, end: int) -> List[List[int]]:
+    """Kafka's ``groupSegmentsBySize`` by the listed ``.log`` sizes: a group fits
+    ``segment.bytes``, and its offsets fit its indexes' relative offsets (a log cleaned before
+    may hold few records over many offsets). ``end``: the offset after the last base's
+    segment."""
     groups: List[List[int]] = []
     size = 0
+    nexts = dict(zip(bases, list(bases[1:]) + [end]))
     for b in bases:
-        if groups and size + logs[b][0] <= segment_bytes:
+        if (groups and size + logs[b][0] <= segment_bytes
+                and nexts[b] - 1 - groups[-1][0] <= _MAX_RELATIVE_OFFSET):
             groups[-1].append(b)
             size += logs[b][0]
         else:
@@ -245,7 +254,8 @@ def clean_partition(cluster, state: ClusterState, topic: str, p: int, *,
         cleanable = [b for b in bases if b < cleaned_to]
         txn = C.TransactionMetadata(())
         built = []
-        for group in _groups(cleanable, logs, config.segment_bytes):
+        after_last = dict(zip(bases, ends))[cleanable[-1]]
+        for group in _groups(cleanable, logs, config.segment_bytes, after_last):
             cleaned = C.clean_segments(
                 [sources[b] for b in group], offset_map, now_ms=now_ms,
                 delete_retention_ms=config.delete_retention_ms, txn=txn,

@@ -376,3 +376,13 @@ def test_max_compaction_lag_makes_a_partition_due_whatever_its_dirty_ratio(root)
     out = clean_partition(admin.cluster, admin.cluster.state(), "t", 0, delay_ms=0)
     assert out.cleaned and out.compaction_delay_ms > 0
     assert _records(admin) == _latest(items + more, head_from=9)
+
+
+def test_a_group_fits_segment_bytes_and_its_indexes_relative_offsets():
+    """Kafka's groupSegmentsBySize: a cleaned log may hold few records over many offsets, and a
+    segment's offsets relative to its base must fit an int32 in its indexes."""
+    from pyspark_kafkalog.maintenance.compaction import _groups
+    logs = {0: (10, 0), 10: (10, 0), 2**31: (10, 0), 2**31 + 5: (10, 0), 2**31 + 9: (995, 0)}
+    bases = sorted(logs)
+    assert _groups(bases, logs, 1000, 2**31 + 20) == [[0, 10], [2**31, 2**31 + 5],
+                                                       [2**31 + 9]]
