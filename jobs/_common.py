@@ -49,6 +49,38 @@ def fan_out(spark, items: Sequence[Tuple[str, int]], fn: Callable[[List[Tuple[st
     return sc.parallelize(items, slices).mapPartitions(lambda it: fn(list(it))).collect()
 
 
+def partition_pass(name: str, rule, url: str, *, topics=None, spark=None,
+                   min_partitions_for_spark: int = 64, **options) -> list:
+    """A pass of ``rule`` (``merge_segments``, ``compact``: a rule over ``partitions`` that
+    takes ``offline`` and ``fan_out``) over the cluster's partitions, or those of ``topics``:
+    what each partition's pass did, as dicts. A log dir that could not be reached raises
+    ``OfflineLogDirError`` once the rest is done; its ``done`` holds those dicts then."""
+    from dataclasses import asdict
+    from pyspark_kafkalog.cluster.cluster import Cluster
+    from pyspark_kafkalog.maintenance.retention import offline_error
+    cluster = Cluster(url, create=False)
+    tps = [tp for tp in cluster.partitions(cluster.state()) if not topics or tp[0] in topics]
+    offline = {}
+    done = [asdict(r) for r in rule(cluster, partitions=tps, offline=offline,
+                                    fan_out=spark_fan_out(spark, min_partitions_for_spark),
+                                    **options)]
+    if offline:
+        raise offline_error(name, offline, [], done)
+    return done
+
+
+def run_and_report(name: str, run, summary: Callable[[list], str]) -> int:
+    """A maintenance job's main: ``run()``, then :func:`report` of what it did, the log dirs
+    it could not reach last (the rest was done)."""
+    from pyspark_kafkalog.errors import OfflineLogDirError
+    offline = None
+    try:
+        done = run()
+    except OfflineLogDirError as exc:
+        done, offline = exc.done, exc
+    return report(name, done, summary(done), offline)
+
+
 def report(name: str, rows, summary: str, offline) -> int:
     """A maintenance job's end: one JSON line per row on stdout, the summary on stderr, then
     the offline log dirs' error (the rest was done) and its exit status."""

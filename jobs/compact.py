@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 
-from _common import report, spark_fan_out, spark_session
-from pyspark_kafkalog.cluster.cluster import Cluster
+from _common import partition_pass, run_and_report, spark_session
 from pyspark_kafkalog.maintenance.compaction import DEFAULT_DEDUPE_BUFFER_SIZE, CleanerSettings
-from pyspark_kafkalog.maintenance.retention import compact, offline_error
+from pyspark_kafkalog.maintenance.retention import compact
 
 
 def run(url: str, *, topics=None, now: bool = False, delay_ms=None,
@@ -30,17 +28,9 @@ def run(url: str, *, topics=None, now: bool = False, delay_ms=None,
     """What each compacted partition's pass did, as dicts. A log dir that could not be reached
     raises ``OfflineLogDirError`` once the rest is done; its ``done`` holds those dicts then.
     Each task's offset map takes ``dedupe_buffer_size`` bytes."""
-    cluster = Cluster(url, create=False)
-    state = cluster.state()
-    tps = [tp for tp in cluster.partitions(state) if not topics or tp[0] in topics]
-    offline = {}
-    done = [asdict(c) for c in compact(
-        cluster, partitions=tps, force=now, delay_ms=delay_ms, offline=offline,
-        fan_out=spark_fan_out(spark, min_partitions_for_spark),
-        settings=CleanerSettings(dedupe_buffer_size))]
-    if offline:
-        raise offline_error("compact", offline, [], done)
-    return done
+    return partition_pass("compact", compact, url, topics=topics, spark=spark,
+                          min_partitions_for_spark=min_partitions_for_spark, force=now,
+                          delay_ms=delay_ms, settings=CleanerSettings(dedupe_buffer_size))
 
 
 def main(argv=None) -> int:
@@ -56,20 +46,17 @@ def main(argv=None) -> int:
     parser.add_argument("--min-partitions-for-spark", type=int, default=64)
     args = parser.parse_args(argv)
     spark = spark_session("kafkalog-compact")
-    from pyspark_kafkalog.errors import OfflineLogDirError
-    offline = None
-    try:
-        done = run(args.cluster, topics=args.topic, now=args.now, delay_ms=args.delay_ms,
-                   dedupe_buffer_size=args.dedupe_buffer_size, spark=spark,
-                   min_partitions_for_spark=args.min_partitions_for_spark)
-    except OfflineLogDirError as exc:   # the rest was done: reported, then the error
-        done, offline = exc.done, exc
-    cleaned = [d for d in done if d["cleaned"]]
-    return report("compact", done,
-                  f"{len(cleaned)} of {len(done)} compacted partitions cleaned, "
-                  f"{sum(d['bytes_read'] for d in cleaned)} bytes read, "
-                  f"{sum(d['bytes_written'] for d in cleaned)} bytes written, "
-                  f"{sum(len(d['deleted']) for d in done)} covered segments deleted", offline)
+
+    def summary(done):
+        cleaned = [d for d in done if d["cleaned"]]
+        return (f"{len(cleaned)} of {len(done)} compacted partitions cleaned, "
+                f"{sum(d['bytes_read'] for d in cleaned)} bytes read, "
+                f"{sum(d['bytes_written'] for d in cleaned)} bytes written, "
+                f"{sum(len(d['deleted']) for d in done)} covered segments deleted")
+    return run_and_report("compact", lambda: run(
+        args.cluster, topics=args.topic, now=args.now, delay_ms=args.delay_ms,
+        dedupe_buffer_size=args.dedupe_buffer_size, spark=spark,
+        min_partitions_for_spark=args.min_partitions_for_spark), summary)
 
 
 if __name__ == "__main__":

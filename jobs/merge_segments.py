@@ -14,27 +14,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 
-from _common import report, spark_fan_out, spark_session
-from pyspark_kafkalog.cluster.cluster import Cluster
-from pyspark_kafkalog.maintenance.retention import merge_segments, offline_error
+from _common import partition_pass, run_and_report, spark_session
+from pyspark_kafkalog.maintenance.retention import merge_segments
 
 
 def run(url: str, *, topics=None, lag_ms=None, delay_ms=None, spark=None,
         min_partitions_for_spark: int = 64) -> list:
     """What each partition's pass did, as dicts. A log dir that could not be reached raises
     ``OfflineLogDirError`` once the rest is done; its ``done`` holds those dicts then."""
-    cluster = Cluster(url, create=False)
-    state = cluster.state()
-    tps = [tp for tp in cluster.partitions(state) if not topics or tp[0] in topics]
-    offline = {}
-    done = [asdict(m) for m in merge_segments(
-        cluster, partitions=tps, lag_ms=lag_ms, delay_ms=delay_ms, offline=offline,
-        fan_out=spark_fan_out(spark, min_partitions_for_spark))]
-    if offline:
-        raise offline_error("merge_segments", offline, [], done)
-    return done
+    return partition_pass("merge_segments", merge_segments, url, topics=topics, spark=spark,
+                          min_partitions_for_spark=min_partitions_for_spark, lag_ms=lag_ms,
+                          delay_ms=delay_ms)
 
 
 def main(argv=None) -> int:
@@ -48,19 +39,16 @@ def main(argv=None) -> int:
     parser.add_argument("--min-partitions-for-spark", type=int, default=64)
     args = parser.parse_args(argv)
     spark = spark_session("kafkalog-merge-segments")
-    from pyspark_kafkalog.errors import OfflineLogDirError
-    offline = None
-    try:
-        done = run(args.cluster, topics=args.topic, lag_ms=args.lag_ms, delay_ms=args.delay_ms,
-                   spark=spark, min_partitions_for_spark=args.min_partitions_for_spark)
-    except OfflineLogDirError as exc:   # the rest was done: reported, then the error
-        done, offline = exc.done, exc
-    runs = sum(len(d["merged"]) for d in done)
-    return report("merge_segments", done,
-                  f"{runs} runs merged in {sum(1 for d in done if d['merged'])} partitions, "
-                  f"{sum(sum(r[2] for r in d['merged']) for d in done)} segments into {runs}, "
-                  f"{sum(d['bytes_written'] for d in done)} bytes written, "
-                  f"{sum(len(d['deleted']) for d in done)} covered segments deleted", offline)
+
+    def summary(done):
+        runs = sum(len(d["merged"]) for d in done)
+        return (f"{runs} runs merged in {sum(1 for d in done if d['merged'])} partitions, "
+                f"{sum(sum(r[2] for r in d['merged']) for d in done)} segments into {runs}, "
+                f"{sum(d['bytes_written'] for d in done)} bytes written, "
+                f"{sum(len(d['deleted']) for d in done)} covered segments deleted")
+    return run_and_report("merge_segments", lambda: run(
+        args.cluster, topics=args.topic, lag_ms=args.lag_ms, delay_ms=args.delay_ms,
+        spark=spark, min_partitions_for_spark=args.min_partitions_for_spark), summary)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import argparse
 import sys
 from dataclasses import asdict
 
-from _common import report, spark_fan_out, spark_session
+from _common import run_and_report, spark_fan_out, spark_session
 from pyspark_kafkalog.cluster.cluster import Cluster
 from pyspark_kafkalog.maintenance.retention import retention
 from pyspark_kafkalog.errors import OfflineLogDirError
@@ -40,16 +40,13 @@ def main(argv=None) -> int:
     parser.add_argument("--min-partitions-for-spark", type=int, default=64)
     args = parser.parse_args(argv)
     spark = spark_session("kafkalog-retention")
-    offline = None
-    try:
-        plans = run(args.cluster, dry_run=args.dry_run, now_ms=args.now_ms, spark=spark,
-                    min_partitions_for_spark=args.min_partitions_for_spark)
-    except OfflineLogDirError as exc:   # the rest was done: reported, then the error
-        plans, offline = exc.done, exc
-    return report("retention", plans,
-                  f"{len(plans)} partitions trimmed, {sum(len(p['segments']) for p in plans)} "
-                  f"segments, {sum(p['bytes'] for p in plans)} bytes"
-                  f"{' (dry run)' if args.dry_run else ''}", offline)
+    return run_and_report("retention", lambda: run(
+        args.cluster, dry_run=args.dry_run, now_ms=args.now_ms, spark=spark,
+        min_partitions_for_spark=args.min_partitions_for_spark),
+        lambda plans: f"{len(plans)} partitions trimmed, "
+                      f"{sum(len(p['segments']) for p in plans)} segments, "
+                      f"{sum(p['bytes'] for p in plans)} bytes"
+                      f"{' (dry run)' if args.dry_run else ''}")
 
 
 if __name__ == "__main__":
