@@ -23,6 +23,7 @@ producer state or aborted transaction for the cleaner to keep: it cleans with no
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -95,7 +96,6 @@ class Throttle:
     rate sleeps until it is not."""
 
     def __init__(self, bytes_per_second: float, clock=time.monotonic, sleep=time.sleep):
-        import threading
         self.rate, self.clock, self.sleep = bytes_per_second, clock, sleep
         self._lock = threading.Lock()
         self._start, self._bytes = clock(), 0
@@ -292,12 +292,11 @@ def clean_partition(cluster, state: ClusterState, topic: str, p: int, *,
     if LOG_COMPACTION not in cluster.state(refresh=False).reader_features:
         cluster.enable_feature(LOG_COMPACTION)
     delay = config.file_delete_delay_ms if delay_ms is None else delay_ms
-    if not submit_and_publish(cluster, state, topic, p, action, built, [leader] + followers,
-                              delay, merges):
-        out.skipped = merges.skipped
+    applied = submit_and_publish(cluster, state, topic, p, action, built, [leader] + followers,
+                                 delay, merges)
+    out.skipped = merges.skipped   # out.deleted and .rebuilt are merges' lists, filled in place
+    if not applied:
         return out
-    out.skipped = merges.skipped
-    out.deleted, out.rebuilt = merges.deleted, merges.rebuilt
     out.bytes_written = merges.bytes_written
     out.cleaned, out.cleaned_to = runs, cleaned_to
     out.elapsed_s = time.monotonic() - started

@@ -386,3 +386,22 @@ def test_a_group_fits_segment_bytes_and_its_indexes_relative_offsets():
     bases = sorted(logs)
     assert _groups(bases, logs, 1000, 2**31 + 20) == [[0, 10], [2**31, 2**31 + 5],
                                                        [2**31 + 9]]
+
+
+def test_the_io_throttle_holds_all_threads_to_the_rate():
+    """log.cleaner.io.max.bytes.per.second (Kafka's Throttler): bytes counted from every call,
+    and a caller ahead of the rate sleeps until it is not."""
+    from pyspark_kafkalog.maintenance.compaction import Throttle
+    now, slept = [0.0], []
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+    t = Throttle(1000.0, clock=lambda: now[0], sleep=sleep)
+    t(500)                      # half a second's worth at t=0: sleeps 0.5 s
+    assert slept == [0.5]
+    now[0] += 2.0               # idle: credit for the time that passed
+    t(1000)
+    assert slept == [0.5]
+    t(2000)                     # 3,500 bytes by t=2.5: 1 s ahead
+    assert slept == [0.5, 1.0]
